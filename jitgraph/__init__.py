@@ -1,0 +1,16 @@
+"""jitgraph: a JIT compiler for neural-network training graphs."""
+from .types import ShapeError, TensorType  # noqa: F401
+from .ir import Graph, Node, Tensor  # noqa: F401
+from . import init, interp  # noqa: F401
+from .ops import *  # noqa: F401,F403
+from .ops import (  # noqa: F401  (names `import *` would skip or shadow)
+    sum, max, abs, pow, slice)
+from .serialize import GraphFormatError  # noqa: F401
+
+__version__ = "0.1.0"
+
+
+def grad(graph, loss="loss", wrt=None, inputs=()):
+    """Forward + backward graph, gradients as outputs `grad/<param>` (see passes/autodiff.py)."""
+    from jitgraph.passes.autodiff import grad as _grad
+    return _grad(graph, loss, wrt=wrt, inputs=inputs)[0]

@@ -1,0 +1,281 @@
+"""The IR: immutable nodes in a static SSA graph, and the symbolic tensors users build it with."""
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ops.registry import Arg, get_op
+from .types import ShapeError, TensorType, dtype_name
+
+
+def _freeze(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value of the graph: op applied to earlier nodes (by id) with frozen attributes."""
+    id: int
+    op: str
+    inputs: tuple
+    attrs: tuple          # sorted (key, value) pairs, values frozen (tuples, not lists)
+    type: TensorType
+
+    @property
+    def attr(self) -> dict:
+        return dict(self.attrs)
+
+    @property
+    def key(self):
+        """Structural identity without the id: equal keys compute equal values (CSE)."""
+        return (self.op, self.inputs, self.attrs, self.type)
+
+
+LEAF_OPS = ("input", "param")
+
+
+class Graph:
+    """A static graph: named inputs and params, computed nodes in topological order, named outputs.
+
+    Nodes are appended by the op functions (jg.relu, x @ w, ...); passes build new graphs with
+    `copy()` and append to the copy. Node ids are positions in `nodes`.
+    """
+
+    def __init__(self, name: str = "graph"):
+        if not isinstance(name, str) or not name:
+            raise ShapeError(f"graph name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.nodes: list[Node] = []
+        self.inputs: dict[str, int] = {}
+        self.params: dict[str, int] = {}
+        self.outputs: dict[str, int] = {}
+        self.inits: dict[str, object] = {}
+
+    # ---- building -----------------------------------------------------------------------
+    def _check_new_name(self, name):
+        if not isinstance(name, str) or not name:
+            raise ShapeError(f"names must be non-empty strings, got {name!r}")
+        if name in self.inputs or name in self.params:
+            raise ShapeError(f"graph {self.name}: name {name!r} is already used")
+
+    def input(self, name: str, shape, dtype="f32") -> "Tensor":
+        self._check_new_name(name)
+        t = TensorType(dtype_name(dtype), tuple(shape))
+        node = self._append("input", (), {"name": name}, t)
+        self.inputs[name] = node.id
+        return Tensor(self, node.id)
+
+    def param(self, name: str, shape, dtype="f32", init=None, trainable=True) -> "Tensor":
+        from . import init as _init
+        self._check_new_name(name)
+        t = TensorType(dtype_name(dtype), tuple(shape))
+        if not t.is_float and trainable:
+            raise ShapeError(f"param {name}: trainable params must be f32 or f64, got {t}")
+        node = self._append("param", (), {"name": name, "trainable": bool(trainable)}, t)
+        self.params[name] = node.id
+        self.inits[name] = init if init is not None else _init.zeros()
+        return Tensor(self, node.id)
+
+    def output(self, **named) -> None:
+        for name, t in named.items():
+            if not isinstance(t, Tensor) or t.graph is not self:
+                raise ShapeError(f"output {name!r}: expected a tensor of graph {self.name}, got {t!r}")
+            self.outputs[name] = t.id
+
+    def add(self, op: str, inputs, attrs=None) -> "Tensor":
+        """Append op(inputs) after checking arity, attributes, shapes and dtypes."""
+        opdef = get_op(op)
+        if opdef.kind == "leaf":
+            raise ShapeError(f"{op}: use Graph.input / Graph.param to create {op} nodes")
+        ids = []
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise ShapeError(f"{op}: operands must be tensors, got {t!r}")
+            if t.graph is not self:
+                raise ShapeError(f"{op}: operand {t.label} belongs to graph {t.graph.name}, "
+                                 f"not {self.name}")
+            ids.append(t.id)
+        node = self.make_node(op, ids, attrs or {})
+        self.nodes.append(node)
+        return Tensor(self, node.id)
+
+    def make_node(self, op, ids, attrs, node_id=None) -> Node:
+        """Type-check op over existing node ids; returns the Node without appending it."""
+        opdef = get_op(op)
+        opdef.check_arity(len(ids))
+        attrs = opdef.check_attrs({k: _freeze(v) for k, v in attrs.items()})
+        args = [Arg(self.label(i), self.nodes[i].type) for i in ids]
+        nid = len(self.nodes) if node_id is None else node_id
+        try:
+            t = opdef.infer(args, attrs)
+        except ShapeError as e:
+            msg = str(e)
+            if not msg.startswith(op + ":"):
+                msg = f"{op}: {msg}"
+            raise ShapeError(f"{msg} (building %{nid} in graph {self.name})") from None
+        return Node(nid, op, tuple(ids), tuple(sorted(attrs.items())), t)
+
+    def _append(self, op, ids, attrs, t) -> Node:
+        node = Node(len(self.nodes), op, tuple(ids), tuple(sorted(attrs.items())), t)
+        self.nodes.append(node)
+        return node
+
+    # ---- reading ------------------------------------------------------------------------
+    def tensor(self, node_id: int) -> "Tensor":
+        return Tensor(self, node_id)
+
+    def label(self, node_id: int) -> str:
+        n = self.nodes[node_id]
+        if n.op in LEAF_OPS:
+            return n.attr["name"]
+        return f"%{node_id}"
+
+    def trainable_params(self) -> list[str]:
+        return [k for k, i in self.params.items() if self.nodes[i].attr["trainable"]]
+
+    def copy(self, name=None) -> "Graph":
+        g = Graph(name or self.name)
+        g.nodes = list(self.nodes)
+        g.inputs, g.params = dict(self.inputs), dict(self.params)
+        g.outputs, g.inits = dict(self.outputs), dict(self.inits)
+        return g
+
+    def users(self) -> dict:
+        """node id -> list of node ids that read it."""
+        out = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i].append(n.id)
+        return out
+
+    def init_params(self, seed: int = 0) -> dict:
+        """Fresh parameter arrays; each param's stream depends only on (seed, its name)."""
+        out = {}
+        for name, nid in self.params.items():
+            t = self.nodes[nid].type
+            rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
+            out[name] = np.ascontiguousarray(self.inits[name](t.shape, rng), dtype=t.np_dtype)
+        return out
+
+    def validate(self) -> "Graph":
+        from .validate import validate
+        validate(self)
+        return self
+
+    def fingerprint(self) -> str:
+        """Structural hash: equal for graphs that compute the same thing the same way."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.params)} params, " \
+               f"{len(self.nodes)} nodes, outputs {list(self.outputs)}>"
+
+    def to_json(self) -> str:
+        from .serialize import graph_to_json
+        return graph_to_json(self)
+
+    @staticmethod
+    def from_json(text: str) -> "Graph":
+        from .serialize import graph_from_json
+        return graph_from_json(text)
+
+
+def _graph_of(*xs):
+    for x in xs:
+        if isinstance(x, Tensor):
+            return x.graph
+    raise ShapeError("expected at least one tensor operand")
+
+
+class Tensor:
+    """A symbolic value: a node of a graph. Operators append nodes to that graph."""
+    __slots__ = ("graph", "id")
+    __array_priority__ = 1000   # make numpy scalars defer to our reflected operators
+
+    def __init__(self, graph: Graph, node_id: int):
+        self.graph, self.id = graph, node_id
+
+    @property
+    def node(self) -> Node:
+        return self.graph.nodes[self.id]
+
+    @property
+    def type(self) -> TensorType:
+        return self.node.type
+
+    @property
+    def shape(self) -> tuple:
+        return self.node.type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.node.type.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.node.type.ndim
+
+    @property
+    def label(self) -> str:
+        return self.graph.label(self.id)
+
+    def __repr__(self):
+        return f"<Tensor {self.label} : {self.type}>"
+
+    def __bool__(self):
+        raise TypeError("a symbolic Tensor has no truth value; use jg.where / jg.step instead")
+
+    __hash__ = object.__hash__
+
+    # operators (the op functions live in jitgraph.ops)
+    def __add__(self, o): from . import ops; return ops.add(self, o)
+    def __radd__(self, o): from . import ops; return ops.add(o, self)
+    def __sub__(self, o): from . import ops; return ops.sub(self, o)
+    def __rsub__(self, o): from . import ops; return ops.sub(o, self)
+    def __mul__(self, o): from . import ops; return ops.mul(self, o)
+    def __rmul__(self, o): from . import ops; return ops.mul(o, self)
+    def __truediv__(self, o): from . import ops; return ops.div(self, o)
+    def __rtruediv__(self, o): from . import ops; return ops.div(o, self)
+    def __matmul__(self, o): from . import ops; return ops.matmul(self, o)
+    def __rmatmul__(self, o): from . import ops; return ops.matmul(o, self)
+    def __neg__(self): from . import ops; return ops.neg(self)
+    def __pow__(self, p): from . import ops; return ops.pow(self, p)
+
+    @property
+    def T(self):
+        from . import ops
+        return ops.permute(self, tuple(reversed(range(self.ndim))))
+
+    def reshape(self, *shape):
+        from . import ops
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return ops.reshape(self, shape)
+
+    def sum(self, axis=None, keepdims=False):
+        from . import ops
+        return ops.sum(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        from . import ops
+        return ops.mean(self, axis=axis, keepdims=keepdims)
+
+    def transpose(self, *axes):
+        from . import ops
+        if not axes:
+            return self.T
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return ops.permute(self, axes)

@@ -1,0 +1,12 @@
+"""The op library. Each module registers its ops (jitgraph.ops.registry.OPS) and defines the
+user-facing functions re-exported here and in the jitgraph namespace."""
+from .registry import OPS, OpDef, get_op, register, defvjp  # noqa: F401
+from .common import apply, const  # noqa: F401
+from .elementwise import (  # noqa: F401
+    add, sub, mul, div, maximum, minimum, neg, scale, pow, sqr, sqrt, exp, log, abs, sgn, step,
+    relu, leaky_relu, gelu, silu, sigmoid, tanh, softplus, clamp, where, cast, full_like)
+from .reduce import sum, mean, max, logsumexp, argmax, count_equal  # noqa: F401
+from .shape import (  # noqa: F401
+    reshape, permute, transpose, broadcast_to, concat, slice, pad, get_rows, matmul)
+from .nn import *  # noqa: F401,F403
+from .loss import *  # noqa: F401,F403

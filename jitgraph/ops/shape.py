@@ -1,0 +1,250 @@
+"""Shape ops: reshape, permute, broadcast_to, concat, slice, pad, get_rows; and matmul."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import ShapeError, TensorType, broadcast_shapes
+from .common import apply, norm_axis, same_dtype
+from .registry import register
+
+
+def _prod(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ---- reshape / permute / broadcast_to ------------------------------------------------------
+def _reshape_infer(args, a):
+    x, shape = args[0], a["shape"]
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"target shape {shape} has negative dimensions (resolve -1 first)")
+    if _prod(shape) != x.type.size:
+        raise ShapeError(f"cannot reshape {x} ({x.type.size} elements) to {list(shape)} "
+                         f"({_prod(shape)} elements)")
+    return TensorType(x.dtype, shape)
+
+
+register("reshape", arity=1, kind="view", attrs={"shape": ("ints", ())}, infer=_reshape_infer,
+         ref=lambda a, x: x.reshape(a["shape"]))
+
+
+def _permute_infer(args, a):
+    x, axes = args[0], a["axes"]
+    if sorted(axes) != list(range(x.ndim)):
+        raise ShapeError(f"axes {list(axes)} are not a permutation of {x.ndim} axes of {x}")
+    return TensorType(x.dtype, tuple(x.shape[i] for i in axes))
+
+
+register("permute", arity=1, kind="opaque", attrs={"axes": ("ints", ())}, infer=_permute_infer,
+         ref=lambda a, x: np.ascontiguousarray(np.transpose(x, a["axes"])))
+
+
+def _broadcast_to_infer(args, a):
+    x, shape = args[0], a["shape"]
+    try:
+        out = broadcast_shapes(x.shape, shape)
+    except ValueError:
+        out = None
+    if out != tuple(shape):
+        raise ShapeError(f"cannot broadcast {x} to {list(shape)}")
+    return TensorType(x.dtype, shape)
+
+
+register("broadcast_to", arity=1, kind="elementwise", expr="{0}", attrs={"shape": ("ints", ())},
+         infer=_broadcast_to_infer, ref=lambda a, x: np.broadcast_to(x, a["shape"]).copy())
+
+
+# ---- concat / slice / pad ---------------------------------------------------------------------
+def _concat_infer(args, a):
+    dt = same_dtype(args, "concat")
+    x0, ax = args[0], a["axis"]
+    if not 0 <= ax < x0.ndim:
+        raise ShapeError(f"axis {ax} out of range for {x0}")
+    for x in args[1:]:
+        if x.ndim != x0.ndim or any(x.shape[i] != x0.shape[i] for i in range(x0.ndim) if i != ax):
+            raise ShapeError(f"operands differ outside axis {ax}: {', '.join(map(str, args))}")
+    shape = list(x0.shape)
+    shape[ax] = sum(x.shape[ax] for x in args)
+    return TensorType(dt, tuple(shape))
+
+
+register("concat", arity=None, kind="opaque", attrs={"axis": ("int", 0)}, infer=_concat_infer,
+         ref=lambda a, *xs: np.concatenate(xs, axis=a["axis"]))
+
+
+def slice_len(start, stop, step):
+    return len(range(start, stop, step))
+
+
+def _slice_infer(args, a):
+    x, sl = args[0], a["slices"]
+    if len(sl) != x.ndim:
+        raise ShapeError(f"expected one (start, stop, step) per axis of {x}, got {len(sl)}")
+    shape = []
+    for ax, ((start, stop, step), d) in enumerate(zip(sl, x.shape)):
+        if step == 0:
+            raise ShapeError(f"axis {ax}: step must not be 0")
+        lo, hi = (0, d) if step > 0 else (-1, d - 1)
+        if not (lo <= start <= hi and lo <= stop <= hi):
+            raise ShapeError(f"axis {ax}: start/stop ({start}, {stop}) not normalised for size {d}")
+        shape.append(slice_len(start, stop, step))
+    return TensorType(x.dtype, tuple(shape))
+
+
+def _slice_ref(a, x):
+    return np.ascontiguousarray(x[tuple(slice(s, None if (e < 0) else e, st)
+                                        for s, e, st in a["slices"])])
+
+
+register("slice", arity=1, kind="opaque", attrs={"slices": ("slices", ())}, infer=_slice_infer,
+         ref=_slice_ref, doc="slices=((start, stop, step), ...) per axis, normalised (stop=-1: "
+                             "before index 0 with a negative step)")
+
+
+def _pad_infer(args, a):
+    x, pads = args[0], a["pads"]
+    if len(pads) != x.ndim:
+        raise ShapeError(f"expected one (before, after) pair per axis of {x}, got {len(pads)}")
+    if any(p < 0 for pr in pads for p in pr):
+        raise ShapeError(f"pads must be non-negative, got {pads}")
+    return TensorType(x.dtype, tuple(d + b + e for d, (b, e) in zip(x.shape, pads)))
+
+
+register("pad", arity=1, kind="opaque", attrs={"pads": ("int_pairs", ()), "value": ("float", 0.0)},
+         infer=_pad_infer,
+         ref=lambda a, x: np.pad(x, a["pads"], constant_values=np.asarray(a["value"], x.dtype)))
+
+
+# ---- get_rows (embedding lookup) ---------------------------------------------------------------
+def _get_rows_infer(args, a):
+    w, idx = args
+    if w.ndim < 1:
+        raise ShapeError(f"table must be at least 1-D, got {w}")
+    if idx.dtype != "i32":
+        raise ShapeError(f"indices must be i32, got {idx}")
+    return TensorType(w.dtype, idx.shape + w.shape[1:])
+
+
+def _get_rows_ref(a, w, idx):
+    if idx.size and (idx.min() < 0 or idx.max() >= w.shape[0]):
+        raise IndexError(f"get_rows: index out of range [0, {w.shape[0]})")
+    return w[idx]
+
+
+register("get_rows", arity=2, kind="opaque", infer=_get_rows_infer, ref=_get_rows_ref,
+         doc="get_rows(table[V, ...], idx i32[...]) -> [..., ...]: rows of table by index")
+
+
+# ---- matmul ------------------------------------------------------------------------------------
+def _matmul_infer(args, a):
+    x, w = args
+    same_dtype(args, "matmul")
+    if not x.type.is_float:
+        raise ShapeError(f"operands must be f32 or f64: {x} @ {w}")
+    if x.ndim < 2 or w.ndim < 2:
+        raise ShapeError(f"operands must be at least 2-D: {x} @ {w}")
+    if x.shape[-1] != w.shape[-2]:
+        raise ShapeError(f"inner dimensions differ: {x} @ {w} ({x.shape[-1]} != {w.shape[-2]})")
+    try:
+        batch = broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    except ValueError:
+        raise ShapeError(f"batch dimensions do not broadcast: {x} @ {w}") from None
+    return TensorType(x.dtype, batch + (x.shape[-2], w.shape[-1]))
+
+
+register("matmul", arity=2, kind="gemm", infer=_matmul_infer, ref=lambda a, x, w: np.matmul(x, w),
+         doc="numpy matmul semantics for 2-D and batched operands")
+
+
+# ---- user-facing functions ---------------------------------------------------------------------
+def reshape(x, shape):
+    shape = tuple(int(d) for d in shape)
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape: at most one -1 in {list(shape)} for {x}")
+    if -1 in shape:
+        known = _prod(d for d in shape if d != -1)
+        if known == 0 or x.type.size % known:
+            raise ShapeError(f"reshape: cannot infer -1 in {list(shape)} for {x}")
+        shape = tuple(x.type.size // known if d == -1 else d for d in shape)
+    return apply("reshape", x, shape=shape)
+
+
+def permute(x, axes):
+    return apply("permute", x, axes=tuple(norm_axis(int(i), x.ndim, "permute") for i in axes))
+
+
+def transpose(x, axes=None):
+    return permute(x, tuple(reversed(range(x.ndim))) if axes is None else axes)
+
+
+def broadcast_to(x, shape): return apply("broadcast_to", x, shape=tuple(shape))
+def concat(xs, axis=0):
+    xs = list(xs)
+    if not xs:
+        raise ShapeError("concat: needs at least one operand")
+    return apply("concat", *xs, axis=norm_axis(axis, xs[0].ndim, "concat"))
+
+
+def slice(x, *specs):
+    """slice(x, (start, stop, step), ...) per leading axis, or Python slices; missing axes: whole."""
+    import builtins
+    out = []
+    for ax, d in enumerate(x.shape):
+        s = specs[ax] if ax < len(specs) else builtins.slice(None)
+        if isinstance(s, (tuple, list)):
+            s = builtins.slice(*s)
+        if not isinstance(s, builtins.slice):
+            raise ShapeError(f"slice: axis {ax}: expected a slice or (start, stop, step), got {s!r}")
+        if s.step == 0:
+            raise ShapeError(f"slice: axis {ax}: step must not be 0")
+        start, stop, step = s.indices(d)
+        out.append((start, stop, step))
+    return apply("slice", x, slices=tuple(out))
+
+
+def pad(x, pads, value=0.0):
+    pads = [tuple(p) for p in pads]
+    pads = [(0, 0)] * (x.ndim - len(pads)) + pads if len(pads) < x.ndim else pads
+    return apply("pad", x, pads=tuple(pads), value=value)
+
+
+def get_rows(table, idx): return apply("get_rows", table, idx)
+def matmul(x, w): return apply("matmul", x, w)
+
+
+# ---- vjp rules ---------------------------------------------------------------------------------
+from .common import unbroadcast  # noqa: E402
+from .registry import defvjp  # noqa: E402
+
+
+@defvjp("reshape")
+def _reshape_vjp(g, out, xs, a):
+    return [reshape(g, xs[0].shape)]
+
+
+@defvjp("permute")
+def _permute_vjp(g, out, xs, a):
+    inv = [0] * len(a["axes"])
+    for i, ax in enumerate(a["axes"]):
+        inv[ax] = i
+    return [permute(g, inv)]
+
+
+@defvjp("broadcast_to")
+def _broadcast_to_vjp(g, out, xs, a):
+    return [unbroadcast(g, xs[0].shape)]
+
+
+def _swap_last(x):
+    axes = list(range(x.ndim))
+    axes[-2], axes[-1] = axes[-1], axes[-2]
+    return permute(x, axes)
+
+
+@defvjp("matmul")
+def _matmul_vjp(g, out, xs, a):
+    x, w = xs
+    return [unbroadcast(matmul(g, _swap_last(w)), x.shape),
+            unbroadcast(matmul(_swap_last(x), g), w.shape)]

@@ -1,0 +1,116 @@
+"""Graphs to JSON and back. Loading validates everything and evaluates nothing from the file."""
+from __future__ import annotations
+
+import json
+
+from . import init as _init
+from .types import ShapeError, TensorType
+
+FORMAT, VERSION = "jitgraph-graph", 1
+
+
+class GraphFormatError(ValueError):
+    """A JSON graph that is malformed, inconsistent or of an unknown version."""
+
+
+def _attr_json(v):
+    return [_attr_json(x) for x in v] if isinstance(v, tuple) else v
+
+
+def graph_to_json(graph) -> str:
+    nodes = []
+    for n in graph.nodes:
+        nodes.append({"op": n.op, "inputs": list(n.inputs),
+                      "attrs": {k: _attr_json(v) for k, v in n.attrs},
+                      "type": {"dtype": n.type.dtype, "shape": list(n.type.shape)}})
+    inits = {}
+    for name, ini in graph.inits.items():
+        if not isinstance(ini, _init.Initializer):
+            raise ValueError(f"param {name}: initializer {ini!r} is not serialisable; use one "
+                             f"from jitgraph.init")
+        inits[name] = ini.spec()
+    doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "nodes": nodes,
+           "inputs": graph.inputs, "params": graph.params, "outputs": graph.outputs,
+           "inits": inits}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def _expect(cond, msg):
+    if not cond:
+        raise GraphFormatError(msg)
+
+
+def _int_table(doc, key):
+    t = doc.get(key)
+    _expect(isinstance(t, dict), f"field {key!r} must be an object of name -> node id")
+    for k, v in t.items():
+        _expect(isinstance(v, int) and not isinstance(v, bool), f"{key}[{k!r}] must be a node id")
+    return t
+
+
+def graph_from_json(text) -> "Graph":
+    from .ir import Graph, Node
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="strict")
+    _expect(isinstance(text, str), "expected JSON text")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise GraphFormatError(f"not valid JSON: {e}") from None
+    _expect(isinstance(doc, dict), "top level must be an object")
+    _expect(doc.get("format") == FORMAT, f"not a jitgraph graph (format={doc.get('format')!r})")
+    _expect(doc.get("version") == VERSION, f"unsupported version {doc.get('version')!r}; "
+                                           f"this jitgraph reads version {VERSION}")
+    _expect(isinstance(doc.get("nodes"), list), "field 'nodes' must be a list")
+    try:
+        g = Graph(doc.get("name"))
+    except ShapeError as e:
+        raise GraphFormatError(str(e)) from None
+    inputs, params, outputs = (_int_table(doc, k) for k in ("inputs", "params", "outputs"))
+    inits = doc.get("inits")
+    _expect(isinstance(inits, dict), "field 'inits' must be an object")
+    try:
+        for pos, nd in enumerate(doc["nodes"]):
+            _expect(isinstance(nd, dict), f"node {pos} must be an object")
+            op, ins, attrs, ty = nd.get("op"), nd.get("inputs"), nd.get("attrs"), nd.get("type")
+            _expect(isinstance(op, str), f"node {pos}: 'op' must be a string")
+            _expect(isinstance(ins, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                  and 0 <= i < pos for i in ins),
+                    f"node {pos} ({op}): inputs must be ids of earlier nodes, got {ins!r}")
+            _expect(isinstance(attrs, dict), f"node {pos} ({op}): 'attrs' must be an object")
+            _expect(isinstance(ty, dict) and isinstance(ty.get("shape"), list),
+                    f"node {pos} ({op}): 'type' must be {{dtype, shape}}")
+            t = TensorType(ty.get("dtype"), tuple(ty["shape"]))
+            if op in ("input", "param"):
+                name = attrs.get("name")
+                table = inputs if op == "input" else params
+                _expect(isinstance(name, str) and table.get(name) == pos and not ins,
+                        f"node {pos}: {op} {name!r} does not match the {op}s table")
+                a = {"name": name}
+                if op == "param":
+                    _expect(isinstance(attrs.get("trainable"), bool) and set(attrs) == {"name", "trainable"},
+                            f"node {pos}: param {name!r} needs exactly name and trainable")
+                    a["trainable"] = attrs["trainable"]
+                    _expect(name in inits, f"param {name!r} has no initializer")
+                    g.inits[name] = _init.from_spec(inits[name])
+                else:
+                    _expect(set(attrs) == {"name"}, f"node {pos}: input {name!r} has extra attributes")
+                g._append(op, (), a, t)
+                table_g = g.inputs if op == "input" else g.params
+                table_g[name] = pos
+                continue
+            node = g.make_node(op, ins, attrs)
+            _expect(node.type == t, f"node {pos} ({op}): declared type {t} but the shape rule "
+                                    f"gives {node.type}")
+            g.nodes.append(node)
+        _expect(set(g.inputs) == set(inputs) and set(g.params) == set(params),
+                "inputs/params tables name nodes that do not exist")
+        for k, i in outputs.items():
+            _expect(0 <= i < len(g.nodes), f"output {k!r} points at missing node {i}")
+            g.outputs[k] = i
+        g.validate()
+    except GraphFormatError:
+        raise
+    except (ShapeError, ValueError, TypeError, KeyError, RecursionError) as e:
+        raise GraphFormatError(f"invalid graph: {e}") from None
+    return g

@@ -1,0 +1,41 @@
+"""The IR validator: every pass may call it on the graph it returns."""
+from __future__ import annotations
+
+from .types import ShapeError
+
+
+def validate(graph) -> None:
+    """Check ids, topological order, leaf tables, names and every node's type (re-inferred)."""
+    names = set()
+    for pos, n in enumerate(graph.nodes):
+        if n.id != pos:
+            raise ShapeError(f"graph {graph.name}: node at position {pos} has id %{n.id}")
+        for i in n.inputs:
+            if not (isinstance(i, int) and 0 <= i < pos):
+                raise ShapeError(f"graph {graph.name}: %{n.id} = {n.op} reads %{i}, which is not "
+                                 f"an earlier node")
+        if n.op in ("input", "param"):
+            name = n.attr.get("name")
+            table = graph.inputs if n.op == "input" else graph.params
+            if table.get(name) != n.id or name in names:
+                raise ShapeError(f"graph {graph.name}: {n.op} %{n.id} named {name!r} is not "
+                                 f"registered once in the {n.op}s table")
+            names.add(name)
+            if n.inputs:
+                raise ShapeError(f"graph {graph.name}: {n.op} {name} must have no operands")
+            continue
+        again = graph.make_node(n.op, n.inputs, n.attr, node_id=n.id)
+        if again.type != n.type or again.attrs != n.attrs:
+            raise ShapeError(f"graph {graph.name}: %{n.id} = {n.op} is typed {n.type}, its "
+                             f"shape rule gives {again.type}")
+    for table, kind in ((graph.inputs, "input"), (graph.params, "param")):
+        for name, i in table.items():
+            if not (0 <= i < len(graph.nodes)) or graph.nodes[i].op != kind:
+                raise ShapeError(f"graph {graph.name}: {kind} {name!r} points at %{i}, "
+                                 f"which is not a {kind} node")
+    for name in graph.params:
+        if name not in graph.inits:
+            raise ShapeError(f"graph {graph.name}: param {name!r} has no initializer")
+    for name, i in graph.outputs.items():
+        if not (isinstance(i, int) and 0 <= i < len(graph.nodes)):
+            raise ShapeError(f"graph {graph.name}: output {name!r} points at missing node %{i}")

@@ -1,0 +1,1 @@
+"""Kernel code generation per target, the kernel cache and the executor."""

@@ -1,0 +1,1 @@
+"""The numba CPU target."""
