@@ -36,8 +36,10 @@ def check_feed(graph, inputs: dict, params: dict):
 
 def run(graph, inputs: dict, params: dict | None = None, *, values=False) -> dict:
     """Execute `graph` on numpy arrays. Returns its named outputs (and, with values=True, the list
-    of every node's value as a second result)."""
-    inputs, params = check_feed(graph, inputs, params or {})
+    of every node's value as a second result). If the graph has updates (a training graph), the
+    `params` dict is updated in place with the new values, so calling run again takes a step."""
+    given = params if params is not None else {}
+    inputs, params = check_feed(graph, inputs, given)
     vals = [None] * len(graph.nodes)
     for n in graph.nodes:
         if n.op == "input":
@@ -51,4 +53,6 @@ def run(graph, inputs: dict, params: dict | None = None, *, values=False) -> dic
                                      f"shape rule says {n.type}")
             vals[n.id] = r.astype(n.type.np_dtype, copy=False)
     out = {k: vals[i] for k, i in graph.outputs.items()}
+    for name, i in graph.updates.items():
+        given[name] = vals[i].copy()
     return (out, vals) if values else out

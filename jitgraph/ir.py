@@ -57,6 +57,7 @@ class Graph:
         self.inputs: dict[str, int] = {}
         self.params: dict[str, int] = {}
         self.outputs: dict[str, int] = {}
+        self.updates: dict[str, int] = {}   # param name -> node whose value it takes after a run
         self.inits: dict[str, object] = {}
 
     # ---- building -----------------------------------------------------------------------
@@ -89,6 +90,19 @@ class Graph:
             if not isinstance(t, Tensor) or t.graph is not self:
                 raise ShapeError(f"output {name!r}: expected a tensor of graph {self.name}, got {t!r}")
             self.outputs[name] = t.id
+
+    def update(self, **named) -> None:
+        """After each run, param `name` takes the value of the given tensor (optimizer updates,
+        accumulators, step counters). The tensor must have the param's type."""
+        for name, t in named.items():
+            if name not in self.params:
+                raise ShapeError(f"update: {name!r} is not a param of graph {self.name}")
+            if not isinstance(t, Tensor) or t.graph is not self:
+                raise ShapeError(f"update {name!r}: expected a tensor of graph {self.name}, got {t!r}")
+            pt = self.nodes[self.params[name]].type
+            if t.type != pt:
+                raise ShapeError(f"update {name!r}: param is {pt}, new value {t.label} is {t.type}")
+            self.updates[name] = t.id
 
     def add(self, op: str, inputs, attrs=None) -> "Tensor":
         """Append op(inputs) after checking arity, attributes, shapes and dtypes."""
@@ -146,6 +160,7 @@ class Graph:
         g.nodes = list(self.nodes)
         g.inputs, g.params = dict(self.inputs), dict(self.params)
         g.outputs, g.inits = dict(self.outputs), dict(self.inits)
+        g.updates = dict(self.updates)
         return g
 
     def users(self) -> dict:

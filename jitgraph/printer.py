@@ -43,6 +43,7 @@ def format_header(graph) -> str:
 def format_graph(graph, annotate=None) -> str:
     lines = [format_header(graph)]
     lines += [format_node(graph, n, annotate) for n in graph.nodes if n.op not in ("input", "param")]
+    lines += [f"  update {k} <- {graph.label(i)}" for k, i in graph.updates.items()]
     outs = ", ".join(f"{k}={graph.label(i)}" for k, i in graph.outputs.items())
     lines += [f"  return {outs}", "}"]
     return "\n".join(lines)

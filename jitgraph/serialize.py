@@ -31,6 +31,7 @@ def graph_to_json(graph) -> str:
         inits[name] = ini.spec()
     doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "nodes": nodes,
            "inputs": graph.inputs, "params": graph.params, "outputs": graph.outputs,
+           "updates": graph.updates,
            "inits": inits}
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -108,6 +109,12 @@ def graph_from_json(text) -> "Graph":
         for k, i in outputs.items():
             _expect(0 <= i < len(g.nodes), f"output {k!r} points at missing node {i}")
             g.outputs[k] = i
+        updates = doc.get("updates", {})
+        _expect(isinstance(updates, dict), "field 'updates' must be an object")
+        for k, i in updates.items():
+            _expect(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(g.nodes),
+                    f"update {k!r} points at missing node {i!r}")
+            g.updates[k] = i
         g.validate()
     except GraphFormatError:
         raise

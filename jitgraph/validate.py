@@ -36,6 +36,11 @@ def validate(graph) -> None:
     for name in graph.params:
         if name not in graph.inits:
             raise ShapeError(f"graph {graph.name}: param {name!r} has no initializer")
+    for name, i in graph.updates.items():
+        if name not in graph.params or not (isinstance(i, int) and 0 <= i < len(graph.nodes)) or \
+                graph.nodes[i].type != graph.nodes[graph.params[name]].type:
+            raise ShapeError(f"graph {graph.name}: update of {name!r} points at %{i}, which is not "
+                             f"a node of the param's type")
     for name, i in graph.outputs.items():
         if not (isinstance(i, int) and 0 <= i < len(graph.nodes)):
             raise ShapeError(f"graph {graph.name}: output {name!r} points at missing node %{i}")
