@@ -145,17 +145,33 @@ def _matmul_infer(args, a):
         raise ShapeError(f"operands must be f32 or f64: {x} @ {w}")
     if x.ndim < 2 or w.ndim < 2:
         raise ShapeError(f"operands must be at least 2-D: {x} @ {w}")
-    if x.shape[-1] != w.shape[-2]:
-        raise ShapeError(f"inner dimensions differ: {x} @ {w} ({x.shape[-1]} != {w.shape[-2]})")
+    xs, ws = _mm_shape(x.shape, a["ta"]), _mm_shape(w.shape, a["tb"])
+    if xs[-1] != ws[-2]:
+        tx, tw = ("^T" if a["ta"] else ""), ("^T" if a["tb"] else "")
+        raise ShapeError(f"inner dimensions differ: {x}{tx} @ {w}{tw} ({xs[-1]} != {ws[-2]})")
     try:
         batch = broadcast_shapes(x.shape[:-2], w.shape[:-2])
     except ValueError:
         raise ShapeError(f"batch dimensions do not broadcast: {x} @ {w}") from None
-    return TensorType(x.dtype, batch + (x.shape[-2], w.shape[-1]))
+    return TensorType(x.dtype, batch + (xs[-2], ws[-1]))
 
 
-register("matmul", arity=2, kind="gemm", infer=_matmul_infer, ref=lambda a, x, w: np.matmul(x, w),
-         doc="numpy matmul semantics for 2-D and batched operands")
+def _mm_shape(shape, t):
+    return shape[:-2] + (shape[-1], shape[-2]) if t else shape
+
+
+def _mm_ref(a, x, w):
+    if a["ta"]:
+        x = np.swapaxes(x, -1, -2)
+    if a["tb"]:
+        w = np.swapaxes(w, -1, -2)
+    return np.matmul(x, w)
+
+
+register("matmul", arity=2, kind="gemm", infer=_matmul_infer, ref=_mm_ref,
+         attrs={"ta": ("bool", False), "tb": ("bool", False)},
+         doc="numpy matmul semantics for 2-D and batched operands; ta/tb transpose the last two "
+             "axes of x / w first (BLAS transpose flags, set by the simplify pass)")
 
 
 # ---- user-facing functions ---------------------------------------------------------------------
@@ -211,7 +227,7 @@ def pad(x, pads, value=0.0):
 
 
 def get_rows(table, idx): return apply("get_rows", table, idx)
-def matmul(x, w): return apply("matmul", x, w)
+def matmul(x, w, ta=False, tb=False): return apply("matmul", x, w, ta=ta, tb=tb)
 
 
 # ---- vjp rules ---------------------------------------------------------------------------------
@@ -237,14 +253,11 @@ def _broadcast_to_vjp(g, out, xs, a):
     return [unbroadcast(g, xs[0].shape)]
 
 
-def _swap_last(x):
-    axes = list(range(x.ndim))
-    axes[-2], axes[-1] = axes[-1], axes[-2]
-    return permute(x, axes)
-
-
 @defvjp("matmul")
 def _matmul_vjp(g, out, xs, a):
     x, w = xs
-    return [unbroadcast(matmul(g, _swap_last(w)), x.shape),
-            unbroadcast(matmul(_swap_last(x), g), w.shape)]
+    ta, tb = a["ta"], a["tb"]
+    # d/dX of op(X) @ op(W): dop(X) = g @ op(W)^T; dX = dop(X) or its transpose
+    gx = apply("matmul", w, g, ta=tb, tb=True) if ta else apply("matmul", g, w, ta=False, tb=not tb)
+    gw = apply("matmul", g, x, ta=True, tb=ta) if tb else apply("matmul", x, g, ta=not ta, tb=False)
+    return [unbroadcast(gx, x.shape), unbroadcast(gw, w.shape)]
