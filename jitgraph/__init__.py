@@ -14,3 +14,20 @@ def grad(graph, loss="loss", wrt=None, inputs=()):
     """Forward + backward graph, gradients as outputs `grad/<param>` (see passes/autodiff.py)."""
     from jitgraph.passes.autodiff import grad as _grad
     return _grad(graph, loss, wrt=wrt, inputs=inputs)[0]
+
+
+def __getattr__(name):
+    # Lazily bound so that importing jitgraph stays cheap (numba loads only when compiling).
+    if name == "optim":
+        from . import optim
+        return optim
+    if name == "training_graph":
+        from .training import training_graph
+        return training_graph
+    if name == "compile":
+        from .compiler import compile
+        return compile
+    if name == "testing":
+        from . import testing
+        return testing
+    raise AttributeError(f"module 'jitgraph' has no attribute {name!r}")
