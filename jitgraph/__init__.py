@@ -18,16 +18,13 @@ def grad(graph, loss="loss", wrt=None, inputs=()):
 
 def __getattr__(name):
     # Lazily bound so that importing jitgraph stays cheap (numba loads only when compiling).
-    if name == "optim":
-        from . import optim
-        return optim
+    if name in ("optim", "testing"):    # import_module: `from . import x` would recurse here
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     if name == "training_graph":
         from .training import training_graph
         return training_graph
     if name == "compile":
         from .compiler import compile
         return compile
-    if name == "testing":
-        from . import testing
-        return testing
     raise AttributeError(f"module 'jitgraph' has no attribute {name!r}")

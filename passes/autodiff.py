@@ -30,6 +30,8 @@ def grad(graph, loss: str = "loss", wrt=None, inputs=()):
     for name in wrt:
         if name not in graph.params:
             raise ShapeError(f"grad: {name!r} is not a param of graph {graph.name}")
+        if not graph.nodes[graph.params[name]].type.is_float:
+            raise ShapeError(f"grad: param {name!r} is not float and has no gradient")
         leaves[graph.params[name]] = name
     for name in inputs:
         if name not in graph.inputs:

@@ -20,4 +20,5 @@ def cast_graph(graph, dtype: str = "f64", src: str = "f32"):
         attrs = {k: (dtype if k == "dtype" and v == src else v) for k, v in n.attrs}
         g.nodes.append(g.make_node(n.op, n.inputs, attrs))
     g.outputs = dict(graph.outputs)
+    g.updates = dict(graph.updates)
     return g

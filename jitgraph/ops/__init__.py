@@ -10,3 +10,4 @@ from .shape import (  # noqa: F401
     reshape, permute, transpose, broadcast_to, concat, slice, pad, get_rows, matmul)
 from .nn import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
+from . import update as _update  # noqa: F401  (registers the fused optimizer-update ops)

@@ -1,0 +1,120 @@
+"""Optimizers as plain data: hyper-parameters, and the scalars each training call is fed.
+
+passes/optimizer.py builds the update into the graph; an optimizer object only describes it.
+Runtime contract of a training graph (the executor and `jitgraph.interp.run` callers rely on it):
+f32 scalar inputs `opt/lr` (this step's learning rate), `opt/step` (the 1-based optimizer step t,
+for Adam's bias correction) and, when accumulate > 1, `opt/apply` (1.0 on the micro-step that
+applies the update, else 0.0). `runtime_inputs(call)` gives them for the call-th execution.
+
+`lr` is a float or a schedule `lr(t) -> float` called with the same 1-based step t, so a
+schedule never rebuilds the graph. With accumulate=k, call c belongs to optimizer step
+t = c // k + 1 and applies the update when c % k == k - 1 (ggml's opt_period).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Callable, ClassVar
+
+import numpy as np
+
+LR, STEP, APPLY = "opt/lr", "opt/step", "opt/apply"
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Common fields (declared by each subclass): lr, weight_decay, clip_norm, accumulate."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        if not callable(self.lr) and not _is_nonneg(self.lr):
+            raise ValueError(f"{name}: lr must be a non-negative number or a callable "
+                             f"lr(step) -> float, got {self.lr!r}")
+        if not _is_nonneg(self.weight_decay):
+            raise ValueError(f"{name}: weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.clip_norm is not None and not (_is_nonneg(self.clip_norm) and self.clip_norm > 0):
+            raise ValueError(f"{name}: clip_norm must be None or > 0, got {self.clip_norm!r}")
+        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int) \
+                or self.accumulate < 1:
+            raise ValueError(f"{name}: accumulate must be an int >= 1, got {self.accumulate!r}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of 1-based optimizer step `step`."""
+        if not callable(self.lr):
+            return float(self.lr)
+        v = self.lr(step)
+        if not _is_nonneg(v):
+            raise ValueError(f"{type(self).__name__}: lr schedule returned {v!r} at step {step}; "
+                             f"expected a finite number >= 0")
+        return float(v)
+
+    def runtime_inputs(self, call: int) -> dict:
+        """Scalar inputs for the call-th (0-based) execution of the training graph."""
+        k = self.accumulate
+        t = call // k + 1
+        out = {LR: np.float32(self.lr_at(t)), STEP: np.float32(t)}
+        if k > 1:
+            out[APPLY] = np.float32(call % k == k - 1)
+        return {name: np.asarray(v) for name, v in out.items()}
+
+    def spec(self) -> dict:
+        """Plain-data description (a callable lr is recorded by name)."""
+        out = {"kind": type(self).__name__}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = f"schedule:{getattr(v, '__qualname__', repr(v))}" if callable(v) else v
+        return out
+
+
+def _is_nonneg(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
+        and math.isfinite(v) and v >= 0
+
+
+def _check_unit(opt, name):
+    v = getattr(opt, name)
+    if not _is_nonneg(v) or v >= 1:
+        raise ValueError(f"{type(opt).__name__}: {name} must be in [0, 1), got {v!r}")
+
+
+@dataclass(frozen=True)
+class SGD(Optimizer):
+    """p <- p - lr * d with d = g + wd * p (L2), or with momentum: buf = momentum * buf + d,
+    d = buf (PyTorch's SGD without dampening/nesterov). The buffer is state `opt/m/<param>`."""
+    lr: float | Callable
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    accumulate: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_unit(self, "momentum")
+
+
+@dataclass(frozen=True)
+class Adam(Optimizer):
+    """Adam with ggml's formulas: m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g^2,
+    p <- p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps); weight_decay is L2 (added to g)."""
+    lr: float | Callable = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    accumulate: int = 1
+    decoupled: ClassVar[bool] = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_unit(self, "beta1")
+        _check_unit(self, "beta2")
+        if not (_is_nonneg(self.eps) and self.eps > 0):
+            raise ValueError(f"{type(self).__name__}: eps must be > 0, got {self.eps!r}")
+
+
+@dataclass(frozen=True)
+class AdamW(Adam):
+    """Adam with decoupled weight decay (ggml_opt_step_adamw): p <- p * (1 - lr*wd) - lr * ..."""
+    weight_decay: float = 0.01
+    decoupled: ClassVar[bool] = True

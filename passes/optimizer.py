@@ -1,0 +1,129 @@
+"""The optimizer pass: append the parameter update to a graph with gradients (ggml_opt_step_*).
+
+Input: a graph with outputs `grad/<param>` (passes/autodiff.grad). Output: the same graph with
+the update appended as ordinary ops plus the fused ema / ema_sq / adam_step ops, recorded as
+`Graph.update`s, and the grad/<param> outputs removed (the update consumes them). Optimizer
+state is non-trainable params `opt/m/<param>`, `opt/v/<param>` (moments; SGD's momentum
+buffer is `opt/m`) and `opt/acc/<param>` (gradient accumulators), all zero-initialised.
+The per-call scalars `opt/lr`, `opt/step`, `opt/apply` are f32 inputs (see jitgraph/optim.py).
+
+Order per step: accumulate -> clip by global norm -> weight decay -> update. With accumulate=k
+each micro-batch gradient is scaled by 1/k before it is summed (the `loss` output stays the
+unscaled micro-batch loss); on other micro-steps params and moments keep their exact values
+(`where(opt/apply, new, old)`), and the accumulators restart from zero after applying.
+"""
+from __future__ import annotations
+
+import math
+
+from jitgraph import init
+from jitgraph.ops import apply, cast, const, clamp, exp, mul, scale, sqr, sqrt, sum as rsum, where
+from jitgraph.optim import APPLY, LR, STEP, Adam
+from jitgraph.types import ShapeError
+
+from .report import Report
+
+
+def apply_optimizer(graph, optimizer, loss: str = "loss"):
+    """Return (graph with the update appended, Report)."""
+    if loss not in graph.outputs:
+        raise ShapeError(f"optimizer: graph {graph.name} has no output {loss!r}; outputs are "
+                         f"{', '.join(graph.outputs) or 'none'}")
+    names = [p for p in graph.params if f"grad/{p}" in graph.outputs]
+    if not names:
+        raise ShapeError(f"optimizer: graph {graph.name} has no grad/<param> outputs; run "
+                         f"autodiff first (jitgraph.passes.autodiff.grad)")
+    g = graph.copy()
+    n0 = len(g.nodes)
+    params = {p: g.tensor(graph.params[p]) for p in names}
+    grads = {p: g.tensor(g.outputs.pop(f"grad/{p}")) for p in names}
+    scalars = _Scalars(g.input(LR, ()), g.input(STEP, ()))
+    k = optimizer.accumulate
+    acc = {}
+    if k > 1:
+        for p in names:
+            acc[p] = _state("acc", params[p]) + scale(grads[p], 1.0 / k)
+        grads = dict(acc)
+    if optimizer.clip_norm is not None:
+        grads = _clip(grads, optimizer.clip_norm, scalars)
+    rule = _adam if isinstance(optimizer, Adam) else _sgd
+    new = {}
+    for p in names:
+        new.update(rule(optimizer, p, params[p], grads[p], scalars))
+    if k > 1:
+        do = g.input(APPLY, ())
+        new = {name: where(do, t, g.tensor(g.params[name])) for name, t in new.items()}
+        new.update({f"opt/acc/{p}": where(do, 0.0, a) for p, a in acc.items()})
+    g.update(**new)
+    state = [n for n in g.params if n.startswith("opt/")]
+    rep = Report("optimizer", {
+        "params": len(names), "state_tensors": len(state),
+        "state_bytes": sum(g.nodes[g.params[n]].type.nbytes for n in state),
+        "nodes": len(g.nodes) - n0})
+    spec = optimizer.spec()
+    rep.lines.append(f"{spec.pop('kind')}: " + ", ".join(f"{f}={v}" for f, v in spec.items()))
+    if k > 1:
+        rep.lines.append(f"accumulate={k}: gradients scaled by 1/{k} and summed in opt/acc/*; "
+                         f"output {loss!r} is the unscaled micro-batch loss")
+    return g.validate(), rep
+
+
+class _Scalars:
+    """The f32 scalars of the update (lr, clip coefficient, bias corrections), cast once per
+    param dtype."""
+
+    def __init__(self, lr, step):
+        self.step, self.f32, self.casts = step, {"lr": lr}, {}
+
+    def __call__(self, key, dtype):
+        if key not in self.f32:                       # ("bc", beta): 1 / (1 - beta^t)
+            beta = key[1]
+            self.f32[key] = const(self.step.graph, 1.0) if beta == 0 else \
+                1.0 / (1.0 - exp(scale(self.step, math.log(beta))))
+        t = self.f32[key]
+        if t.dtype == dtype:
+            return t
+        if (key, dtype) not in self.casts:
+            self.casts[(key, dtype)] = cast(t, dtype)
+        return self.casts[(key, dtype)]
+
+
+def _state(slot, p):
+    """Zero-initialised optimizer state `opt/<slot>/<param>` shaped like param p."""
+    return p.graph.param(f"opt/{slot}/{p.label}", p.shape, p.dtype, init=init.zeros(),
+                         trainable=False)
+
+
+def _clip(grads, clip_norm, scalars):
+    """Scale every gradient by min(1, clip_norm / (global norm + 1e-6)), as PyTorch's
+    clip_grad_norm_; the norm is summed in f32 over all params."""
+    total = None
+    for t in grads.values():
+        s = rsum(sqr(t))
+        s = s if s.dtype == "f32" else cast(s, "f32")
+        total = s if total is None else total + s
+    coef = clamp(clip_norm / (sqrt(total) + 1e-6), hi=1.0)
+    scalars.f32["clip"] = coef
+    return {p: mul(t, scalars("clip", t.dtype)) for p, t in grads.items()}
+
+
+def _sgd(opt, name, p, grad, scalars):
+    d = grad + scale(p, opt.weight_decay) if opt.weight_decay else grad
+    new = {}
+    if opt.momentum:
+        d = scale(_state("m", p), opt.momentum) + d
+        new[f"opt/m/{name}"] = d
+    new[name] = p - mul(scalars("lr", p.dtype), d)
+    return new
+
+
+def _adam(opt, name, p, grad, scalars):
+    if opt.weight_decay and not opt.decoupled:
+        grad = grad + scale(p, opt.weight_decay)
+    m = apply("ema", _state("m", p), grad, beta=opt.beta1)
+    v = apply("ema_sq", _state("v", p), grad, beta=opt.beta2)
+    lr = scalars("lr", p.dtype)
+    step = apply("adam_step", p, m, v, lr, scalars(("bc", opt.beta1), p.dtype),
+                 scalars(("bc", opt.beta2), p.dtype), eps=opt.eps,
+                 wd=opt.weight_decay if opt.decoupled else 0.0)
+    return {name: step, f"opt/m/{name}": m, f"opt/v/{name}": v}

@@ -1,0 +1,209 @@
+"""The simplify pass: local rewrites, CSE, constant folding and dead-code elimination.
+
+One walk in topological order rebuilds the graph: each node's operands are already simplified,
+the rewrite rules below run on it until none applies (each rule returns an existing node, whose
+type equals the node's, or one replacement node), then CSE merges it with a structurally equal
+node. A final sweep drops what no output or update reads and renumbers ids densely. Leaves,
+outputs, updates and initialisers are kept. Results change by float reassociation at most.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+
+from jitgraph.ir import LEAF_OPS, Graph
+from jitgraph.ops.registry import get_op
+
+from .report import Report
+
+# ops that move or repeat elements without computing: a constant stays the same constant
+_MOVES = ("reshape", "permute", "broadcast_to", "slice")
+
+
+def simplify(graph):
+    """Return (simplified graph, Report with the number of times each rule fired)."""
+    g = Graph(graph.name)
+    g.inits = dict(graph.inits)
+    counts, remap, seen = Counter(), {}, {}
+    uses = Counter()      # new id -> readers in the original graph (outputs and updates count)
+    readers = graph.users()
+    for k in list(graph.outputs.values()) + list(graph.updates.values()):
+        readers[k].append(None)
+    for n in graph.nodes:
+        if n.op in LEAF_OPS:
+            new = g._append(n.op, (), n.attr, n.type)
+            (g.inputs if n.op == "input" else g.params)[n.attr["name"]] = new.id
+            remap[n.id] = new.id
+        else:
+            ins = tuple(remap[i] for i in n.inputs)
+            remap[n.id] = _emit(g, n.op, ins, n.attr, seen, counts, uses)
+        uses[remap[n.id]] += len(readers[n.id])
+    g.outputs = {k: remap[i] for k, i in graph.outputs.items()}
+    g.updates = {k: remap[i] for k, i in graph.updates.items()}
+    g, counts["dead"] = _sweep(g)
+    return g.validate(), Report("simplify", {"nodes_before": len(graph.nodes),
+                                             "nodes_after": len(g.nodes), **counts})
+
+
+def _emit(g, op, inputs, attrs, seen, counts, uses) -> int:
+    """Append op(inputs) after rewriting it, or return the id of an equal existing node."""
+    while True:
+        node = g.make_node(op, inputs, attrs)
+        for name, rule in RULES:
+            r = rule(node, [g.nodes[i] for i in node.inputs], uses)
+            if r is not None:
+                counts[name] += 1
+                break
+        else:
+            break
+        if isinstance(r, int):
+            if g.nodes[r].type != node.type:
+                raise AssertionError(f"simplify: rule {name} replaced {node.op} {node.type} "
+                                     f"by %{r} {g.nodes[r].type}")
+            return r
+        op, inputs, attrs = r
+    if node.key in seen:
+        counts["cse"] += 1
+        return seen[node.key]
+    g.nodes.append(node)
+    seen[node.key] = node.id
+    return node.id
+
+
+def _sweep(g):
+    """Drop nodes that no output or update reads (leaves stay); renumber densely."""
+    live = {n.id for n in g.nodes if n.op in LEAF_OPS}
+    stack = list(g.outputs.values()) + list(g.updates.values())
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack.extend(g.nodes[i].inputs)
+    out = Graph(g.name)
+    out.inits = g.inits
+    new = {}
+    for n in g.nodes:
+        if n.id in live:
+            new[n.id] = len(out.nodes)
+            out.nodes.append(replace(n, id=new[n.id], inputs=tuple(new[i] for i in n.inputs)))
+    for src, dst in ((g.inputs, out.inputs), (g.params, out.params),
+                     (g.outputs, out.outputs), (g.updates, out.updates)):
+        dst.update({k: new[i] for k, i in src.items()})
+    return out, len(g.nodes) - len(out.nodes)
+
+
+# ---- rules: (node, operand nodes, uses) -> None | existing id | (op, inputs, attrs) ---------
+def _const(n):
+    """The value of a `full` node in its dtype, or None."""
+    return float(np.array(n.attr["value"], n.type.np_dtype)) if n.op == "full" else None
+
+
+def _fold(n, xs, uses):
+    if not xs or any(x.op != "full" for x in xs):
+        return None
+    opdef = get_op(n.op)
+    if n.op in _MOVES:
+        v = xs[0].attr["value"]
+    elif opdef.kind == "elementwise":      # uniform operands give a uniform result
+        v = opdef.ref(n.attr, *[np.array(_const(x), x.type.np_dtype) for x in xs])
+    else:
+        return None
+    return "full", (), {"value": float(np.asarray(v).reshape(-1)[0]), "shape": n.type.shape,
+                        "dtype": n.type.dtype}
+
+
+def _other_if(n, xs, value, sides):
+    for side in sides:
+        if _const(xs[side]) == value and xs[1 - side].type == n.type:
+            return n.inputs[1 - side]
+    return None
+
+
+def _mul_one(n, xs, uses):
+    return _other_if(n, xs, 1.0, (0, 1)) if n.op == "mul" else None
+
+
+def _mul_const(n, xs, uses):
+    """x * full(c) -> scale(x, c): no constant buffer, and bitwise the same product."""
+    if n.op != "mul" or not n.type.is_float:
+        return None
+    for side in (0, 1):
+        c = _const(xs[side])
+        if c is not None and xs[1 - side].type == n.type:
+            return "scale", (n.inputs[1 - side],), {"s": c}
+    return None
+
+
+def _add_zero(n, xs, uses):
+    if n.op == "add":
+        return _other_if(n, xs, 0.0, (0, 1))
+    return _other_if(n, xs, 0.0, (1,)) if n.op == "sub" else None
+
+
+def _noop(n, xs, uses):
+    a = n.attr
+    same = xs and xs[0].type == n.type
+    if same and (n.op in ("reshape", "broadcast_to", "cast") or
+                 (n.op == "permute" and a["axes"] == tuple(range(n.type.ndim))) or
+                 (n.op == "scale" and a["s"] == 1.0) or (n.op == "pow" and a["p"] == 1.0)):
+        return n.inputs[0]
+    return None
+
+
+def _neg_neg(n, xs, uses):
+    return xs[0].inputs[0] if n.op == "neg" and xs[0].op == "neg" else None
+
+
+def _scale_scale(n, xs, uses):
+    if n.op == "scale" and xs[0].op == "scale":
+        return "scale", xs[0].inputs, {"s": xs[0].attr["s"] * n.attr["s"]}
+    return None
+
+
+def _reshape_reshape(n, xs, uses):
+    if n.op == "reshape" and xs[0].op == "reshape":
+        return "reshape", xs[0].inputs, n.attr
+    return None
+
+
+def _permute_permute(n, xs, uses):
+    if n.op == "permute" and xs[0].op == "permute":
+        inner = xs[0].attr["axes"]
+        return "permute", xs[0].inputs, {"axes": tuple(inner[i] for i in n.attr["axes"])}
+    return None
+
+
+def _is_swap_last2(x):
+    k = x.type.ndim
+    return x.op == "permute" and k >= 2 and \
+        x.attr["axes"] == tuple(range(k - 2)) + (k - 1, k - 2)
+
+
+def _matmul_transpose(n, xs, uses):
+    """matmul(permute(x, [..,1,0]), w) -> matmul(x, w, ta=True): BLAS transposes, no copy."""
+    if n.op != "matmul":
+        return None
+    for side, flag in ((0, "ta"), (1, "tb")):
+        if _is_swap_last2(xs[side]):
+            inputs = list(n.inputs)
+            inputs[side] = xs[side].inputs[0]
+            return "matmul", tuple(inputs), {**n.attr, flag: not n.attr[flag]}
+    return None
+
+
+def _transpose_matmul(n, xs, uses):
+    """permute(matmul(a, b), [..,1,0]) -> matmul(b, a) with flipped flags ((AB)^T = B^T A^T),
+    when the transpose is the product's only reader (no second GEMM)."""
+    if _is_swap_last2(n) and xs[0].op == "matmul" and uses[n.inputs[0]] == 1:
+        a = xs[0].attr
+        return "matmul", xs[0].inputs[::-1], {"ta": not a["tb"], "tb": not a["ta"]}
+    return None
+
+
+RULES = [("fold", _fold), ("mul_one", _mul_one), ("mul_const", _mul_const),
+         ("add_zero", _add_zero), ("noop", _noop),
+         ("neg_neg", _neg_neg), ("scale_scale", _scale_scale),
+         ("reshape_reshape", _reshape_reshape), ("permute_permute", _permute_permute),
+         ("matmul_transpose", _matmul_transpose), ("transpose_matmul", _transpose_matmul)]
