@@ -177,7 +177,7 @@ class Graph:
         for name, nid in self.params.items():
             t = self.nodes[nid].type
             rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
-            out[name] = np.ascontiguousarray(self.inits[name](t.shape, rng), dtype=t.np_dtype)
+            out[name] = np.asarray(self.inits[name](t.shape, rng), dtype=t.np_dtype, order="C")
         return out
 
     def validate(self) -> "Graph":

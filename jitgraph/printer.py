@@ -10,7 +10,7 @@ def format_attr(v) -> str:
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, tuple):
-        return "(" + ",".join(format_attr(x) for x in v) + ")"
+        return "(" + ",".join(format_attr(x) for x in v) + (",)" if len(v) == 1 else ")")
     return str(v)
 
 

@@ -7,6 +7,7 @@ from . import init as _init
 from .types import ShapeError, TensorType
 
 FORMAT, VERSION = "jitgraph-graph", 1
+MAX_ELEMENTS = 2 ** 48      # per tensor: far beyond any real graph, far from int64 overflow
 
 
 class GraphFormatError(ValueError):
@@ -18,22 +19,20 @@ def _attr_json(v):
 
 
 def graph_to_json(graph) -> str:
-    nodes = []
-    for n in graph.nodes:
-        nodes.append({"op": n.op, "inputs": list(n.inputs),
-                      "attrs": {k: _attr_json(v) for k, v in n.attrs},
-                      "type": {"dtype": n.type.dtype, "shape": list(n.type.shape)}})
+    """Deterministic text: keys in a fixed order, tables in the graph's order (output and
+    update order is part of the graph, so it is kept, not sorted away)."""
+    nodes = [{"op": n.op, "inputs": list(n.inputs), "attrs": {k: _attr_json(v) for k, v in n.attrs},
+              "type": {"dtype": n.type.dtype, "shape": list(n.type.shape)}} for n in graph.nodes]
     inits = {}
     for name, ini in graph.inits.items():
         if not isinstance(ini, _init.Initializer):
             raise ValueError(f"param {name}: initializer {ini!r} is not serialisable; use one "
                              f"from jitgraph.init")
         inits[name] = ini.spec()
-    doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "nodes": nodes,
-           "inputs": graph.inputs, "params": graph.params, "outputs": graph.outputs,
-           "updates": graph.updates,
-           "inits": inits}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "inputs": graph.inputs,
+           "params": graph.params, "outputs": graph.outputs, "updates": graph.updates,
+           "inits": inits, "nodes": nodes}
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def _expect(cond, msg):
@@ -82,6 +81,7 @@ def graph_from_json(text) -> "Graph":
             _expect(isinstance(ty, dict) and isinstance(ty.get("shape"), list),
                     f"node {pos} ({op}): 'type' must be {{dtype, shape}}")
             t = TensorType(ty.get("dtype"), tuple(ty["shape"]))
+            _expect(t.size <= MAX_ELEMENTS, f"node {pos} ({op}): {t} is too large")
             if op in ("input", "param"):
                 name = attrs.get("name")
                 table = inputs if op == "input" else params
@@ -106,6 +106,7 @@ def graph_from_json(text) -> "Graph":
             g.nodes.append(node)
         _expect(set(g.inputs) == set(inputs) and set(g.params) == set(params),
                 "inputs/params tables name nodes that do not exist")
+        _expect(set(inits) == set(params), "initializers given for names that are not params")
         for k, i in outputs.items():
             _expect(0 <= i < len(g.nodes), f"output {k!r} points at missing node {i}")
             g.outputs[k] = i
@@ -118,6 +119,6 @@ def graph_from_json(text) -> "Graph":
         g.validate()
     except GraphFormatError:
         raise
-    except (ShapeError, ValueError, TypeError, KeyError, RecursionError) as e:
+    except (ShapeError, ValueError, TypeError, KeyError, RecursionError, OverflowError) as e:
         raise GraphFormatError(f"invalid graph: {e}") from None
     return g

@@ -25,14 +25,18 @@ def validate(graph) -> None:
                 raise ShapeError(f"graph {graph.name}: {n.op} {name} must have no operands")
             continue
         again = graph.make_node(n.op, n.inputs, n.attr, node_id=n.id)
-        if again.type != n.type or again.attrs != n.attrs:
+        if again.type != n.type:
             raise ShapeError(f"graph {graph.name}: %{n.id} = {n.op} is typed {n.type}, its "
                              f"shape rule gives {again.type}")
+        if again.attrs != n.attrs:
+            raise ShapeError(f"graph {graph.name}: %{n.id} = {n.op} has attributes {n.attrs}, "
+                             f"not in normal form {again.attrs}")
     for table, kind in ((graph.inputs, "input"), (graph.params, "param")):
         for name, i in table.items():
-            if not (0 <= i < len(graph.nodes)) or graph.nodes[i].op != kind:
+            if not (0 <= i < len(graph.nodes)) or graph.nodes[i].op != kind or \
+                    graph.nodes[i].attr["name"] != name:
                 raise ShapeError(f"graph {graph.name}: {kind} {name!r} points at %{i}, "
-                                 f"which is not a {kind} node")
+                                 f"which is not the {kind} node named {name!r}")
     for name in graph.params:
         if name not in graph.inits:
             raise ShapeError(f"graph {graph.name}: param {name!r} has no initializer")

@@ -23,6 +23,9 @@ def const(graph, value, dtype="f32", shape=()):
                          "pass arrays as inputs or params")
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
         raise ShapeError(f"expected a tensor or a number, got {value!r}")
+    if dtype == "i32" and float(value) != int(value):
+        raise ShapeError(f"full: constant {value!r} is not a whole number and cannot be i32; "
+                         f"cast the tensor to a float dtype first")
     return graph.add("full", [], {"value": float(value), "shape": tuple(shape), "dtype": dtype})
 
 

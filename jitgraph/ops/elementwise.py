@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import ShapeError, TensorType
-from .common import apply, elementwise_type, need_float, same_dtype, broadcast, unbroadcast
+from .common import apply, broadcast, elementwise_type, same_dtype, unbroadcast
 from .registry import register
 
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -96,15 +96,21 @@ def _sigmoid_ref(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
 
-def _gelu_ref(x):
-    c = np.asarray(SQRT_2_OVER_PI, x.dtype)
-    return 0.5 * x * (1 + np.tanh(c * (x + np.asarray(GELU_COEF_A, x.dtype) * x * x * x)))
+def _gelu_sig(x):
+    """sigmoid(2u) for gelu's tanh argument u; 0.5 * (1 + tanh(u)) without its f32 cancellation."""
+    c, k = np.asarray(2 * SQRT_2_OVER_PI, x.dtype), np.asarray(GELU_COEF_A, x.dtype)
+    return _sigmoid_ref(c * (x + k * x * x * x))
 
 
 def _gelu_back_ref(x, g):
+    s = _gelu_sig(x)
     c, k = np.asarray(SQRT_2_OVER_PI, x.dtype), np.asarray(GELU_COEF_A, x.dtype)
-    t = np.tanh(c * (x + k * x * x * x))
-    return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * k * x * x))
+    return g * s * (1 + 2 * x * (1 - s) * c * (1 + 3 * k * x * x))
+
+
+# gelu(x) = 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+_GELU_SIG = (f"(1.0 / (1.0 + math.exp(-{2 * SQRT_2_OVER_PI!r} * "
+             f"({{0}} + {GELU_COEF_A} * {{0}} * {{0}} * {{0}}))))")
 
 
 _unary("sigmoid", lambda a, x: _sigmoid_ref(x), "1.0 / (1.0 + math.exp(-{0}))",
@@ -114,8 +120,7 @@ _unary("tanh", lambda a, x: np.tanh(x), "math.tanh({0})",
 _unary("softplus", lambda a, x: np.logaddexp(np.zeros((), x.dtype), x),
        "(max({0}, 0.0) + math.log1p(math.exp(-abs({0}))))",
        vjp=lambda g, out, xs, a: [g * sigmoid(xs[0])])
-_unary("gelu", lambda a, x: _gelu_ref(x),
-       f"0.5 * {{0}} * (1.0 + math.tanh({SQRT_2_OVER_PI} * ({{0}} + {GELU_COEF_A} * {{0}} * {{0}} * {{0}})))",
+_unary("gelu", lambda a, x: x * _gelu_sig(x), f"{{0}} * {_GELU_SIG}",
        vjp=lambda g, out, xs, a: [apply("gelu_back", xs[0], g)], doc="tanh approximation")
 _unary("silu", lambda a, x: x * _sigmoid_ref(x), "{0} / (1.0 + math.exp(-{0}))",
        vjp=lambda g, out, xs, a: [apply("silu_back", xs[0], g)])
@@ -160,20 +165,20 @@ def _back_infer(args, a):
     return t
 
 
-def _back(name, ref, expr, attrs=None):
+def _back(name, ref, expr, attrs=None, vjp=None):
     register(name, arity=2, kind="elementwise", expr=expr, ref=ref, attrs=attrs, infer=_back_infer,
-             vjp=None, doc=f"{name}(x, grad_out)")
+             vjp=vjp, doc=f"{name}(x, grad_out)")
 
 
 _back("silu_back", lambda a, x, g: g * (_sigmoid_ref(x) * (1 + x * (1 - _sigmoid_ref(x)))),
       "{1} * (1.0 / (1.0 + math.exp(-{0}))) * (1.0 + {0} * (1.0 - 1.0 / (1.0 + math.exp(-{0}))))")
 _back("gelu_back", lambda a, x, g: _gelu_back_ref(x, g),
-      f"{{1}} * (0.5 * (1.0 + math.tanh({SQRT_2_OVER_PI} * ({{0}} + {GELU_COEF_A} * {{0}} * {{0}} * {{0}})))"
-      f" + 0.5 * {{0}} * (1.0 - math.tanh({SQRT_2_OVER_PI} * ({{0}} + {GELU_COEF_A} * {{0}} * {{0}} * {{0}})) ** 2)"
-      f" * {SQRT_2_OVER_PI} * (1.0 + 3.0 * {GELU_COEF_A} * {{0}} * {{0}}))")
+      f"{{1}} * {_GELU_SIG} * (1.0 + 2.0 * {{0}} * (1.0 - {_GELU_SIG}) * {SQRT_2_OVER_PI}"
+      f" * (1.0 + 3.0 * {GELU_COEF_A} * {{0}} * {{0}}))")
 _back("clamp_back", lambda a, x, g: np.where((x >= a["lo"]) & (x <= a["hi"]), g, np.zeros((), g.dtype)),
       "({1} if ({0} >= {lo} and {0} <= {hi}) else 0.0)",
-      attrs={"lo": ("float", -np.inf), "hi": ("float", np.inf)})
+      attrs={"lo": ("float", -np.inf), "hi": ("float", np.inf)},
+      vjp=lambda g, out, xs, a: [None, apply("clamp_back", xs[0], g, lo=a["lo"], hi=a["hi"])])
 
 
 # ---- user-facing functions ---------------------------------------------------------------

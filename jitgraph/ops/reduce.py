@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import ShapeError, TensorType
-from .common import apply, need_float, norm_axes, norm_axis, same_dtype, broadcast
-from .registry import register
+from .common import apply, need_float, norm_axes, norm_axis, same_dtype
+from .registry import defvjp, register
 
 _AX = {"axes": ("ints", ()), "keepdims": ("bool", False)}
 
@@ -43,7 +43,8 @@ def _lse_ref(a, x):
         return x.copy()
     m = np.max(x, axis=ax, keepdims=True)
     m = np.where(np.isfinite(m), m, np.zeros((), x.dtype))
-    r = np.log(np.sum(np.exp(x - m), axis=ax, keepdims=True)) + m
+    with np.errstate(divide="ignore"):        # an all -inf slice gives -inf, as it should
+        r = np.log(np.sum(np.exp(x - m), axis=ax, keepdims=True)) + m
     return r if a["keepdims"] else np.squeeze(r, axis=ax)
 
 
@@ -100,13 +101,18 @@ def count_equal(a, b): return apply("count_equal", a, b)
 
 
 # ---- vjp rules ---------------------------------------------------------------------------
+def _keep(t, x, a):
+    """A reduced value reshaped to keepdims form, so it broadcasts against x."""
+    from .shape import reshape
+    kshape = reduced_shape(x.shape, a["axes"], True)
+    return reshape(t, kshape) if t.shape != kshape else t
+
+
 def _expand_back(g, x, a):
     """Broadcast a reduced gradient back over the reduced axes of x."""
-    from .shape import broadcast_to, reshape
-    kshape = reduced_shape(x.shape, a["axes"], True)
-    if g.shape != kshape:
-        g = reshape(g, kshape)
-    return broadcast_to(g, x.shape) if kshape != x.shape else g
+    from .shape import broadcast_to
+    g = _keep(g, x, a)
+    return broadcast_to(g, x.shape) if g.shape != x.shape else g
 
 
 def _sum_vjp(g, out, xs, a):
@@ -120,6 +126,31 @@ def _mean_vjp(g, out, xs, a):
     return [_expand_back(g, xs[0], a) * (1.0 / n)]
 
 
-from .registry import defvjp  # noqa: E402
+def _max_vjp(g, out, xs, a):
+    """The gradient is split evenly among tied maxima (numpy amax / torch.amax convention), so
+    it is symmetric in the tied elements and sums to g."""
+    from .elementwise import step
+    x = xs[0]
+    if not x.type.is_float:
+        return [None]
+    if not a["axes"]:
+        return [g]
+    hit = 1.0 - step(_keep(out, x, a) - x)            # 1 where x equals its maximum
+    n = apply("sum", hit, axes=a["axes"], keepdims=True)
+    return [hit * (_keep(g, x, a) / n)]
+
+
+def _logsumexp_vjp(g, out, xs, a):
+    from .elementwise import exp
+    x = xs[0]
+    if not a["axes"]:
+        return [g]
+    return [exp(x - _keep(out, x, a)) * _keep(g, x, a)]   # softmax(x) * g
+
+
 defvjp("sum")(_sum_vjp)
 defvjp("mean")(_mean_vjp)
+defvjp("max")(_max_vjp)
+defvjp("logsumexp")(_logsumexp_vjp)
+defvjp("argmax")(lambda g, out, xs, a: [None])
+defvjp("count_equal")(lambda g, out, xs, a: [None, None])

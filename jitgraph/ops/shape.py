@@ -1,11 +1,14 @@
-"""Shape ops: reshape, permute, broadcast_to, concat, slice, pad, get_rows; and matmul."""
+"""Shape ops: reshape, permute, broadcast_to, concat, slice, pad, get_rows; and matmul.
+slice_back and get_rows_back are the scatters their vjps need (ggml style)."""
 from __future__ import annotations
+
+import builtins
 
 import numpy as np
 
 from ..types import ShapeError, TensorType, broadcast_shapes
-from .common import apply, norm_axis, same_dtype
-from .registry import register
+from .common import apply, norm_axis, same_dtype, unbroadcast
+from .registry import REQUIRED, Arg, defvjp, register
 
 
 def _prod(shape):
@@ -93,14 +96,35 @@ def _slice_infer(args, a):
     return TensorType(x.dtype, tuple(shape))
 
 
-def _slice_ref(a, x):
-    return np.ascontiguousarray(x[tuple(slice(s, None if (e < 0) else e, st)
-                                        for s, e, st in a["slices"])])
+def _np_index(slices):
+    return tuple(builtins.slice(s, None if e < 0 else e, st) for s, e, st in slices)
 
 
 register("slice", arity=1, kind="opaque", attrs={"slices": ("slices", ())}, infer=_slice_infer,
-         ref=_slice_ref, doc="slices=((start, stop, step), ...) per axis, normalised (stop=-1: "
-                             "before index 0 with a negative step)")
+         ref=lambda a, x: np.ascontiguousarray(x[_np_index(a["slices"])]),
+         doc="slices=((start, stop, step), ...) per axis, normalised (stop=-1: "
+             "before index 0 with a negative step)")
+
+
+def _slice_back_infer(args, a):
+    g = args[0]
+    x = Arg("x", TensorType(g.dtype, a["shape"]))
+    sliced = _slice_infer([x], a)
+    if sliced.shape != g.shape:
+        raise ShapeError(f"gradient {g} does not match slice {list(a['slices'])} of {x} "
+                         f"(expected {sliced})")
+    return x.type
+
+
+def _slice_back_ref(a, g):
+    out = np.zeros(a["shape"], g.dtype)
+    out[_np_index(a["slices"])] = g
+    return out
+
+
+register("slice_back", arity=1, kind="opaque", infer=_slice_back_infer, ref=_slice_back_ref,
+         attrs={"shape": ("ints", ()), "slices": ("slices", ())},
+         doc="slice_back(g) [shape, slices]: zeros of `shape` with g scattered into the slice")
 
 
 def _pad_infer(args, a):
@@ -127,14 +151,44 @@ def _get_rows_infer(args, a):
     return TensorType(w.dtype, idx.shape + w.shape[1:])
 
 
+def _check_rows(op, idx, n_rows):
+    if idx.size and (idx.min() < 0 or idx.max() >= n_rows):
+        raise IndexError(f"{op}: index out of range [0, {n_rows})")
+
+
 def _get_rows_ref(a, w, idx):
-    if idx.size and (idx.min() < 0 or idx.max() >= w.shape[0]):
-        raise IndexError(f"get_rows: index out of range [0, {w.shape[0]})")
+    _check_rows("get_rows", idx, w.shape[0])
     return w[idx]
 
 
 register("get_rows", arity=2, kind="opaque", infer=_get_rows_infer, ref=_get_rows_ref,
          doc="get_rows(table[V, ...], idx i32[...]) -> [..., ...]: rows of table by index")
+
+
+def _get_rows_back_infer(args, a):
+    g, idx = args
+    if idx.dtype != "i32":
+        raise ShapeError(f"indices must be i32, got {idx}")
+    if not g.type.is_float:
+        raise ShapeError(f"gradient must be f32 or f64, got {g}")
+    if g.shape[:idx.ndim] != idx.shape:
+        raise ShapeError(f"gradient {g} does not start with the index shape of {idx}")
+    if a["n_rows"] < 0:
+        raise ShapeError(f"n_rows must be non-negative, got {a['n_rows']}")
+    return TensorType(g.dtype, (a["n_rows"],) + g.shape[idx.ndim:])
+
+
+def _get_rows_back_ref(a, g, idx):
+    _check_rows("get_rows_back", idx, a["n_rows"])
+    out = np.zeros((a["n_rows"],) + g.shape[idx.ndim:], g.dtype)
+    np.add.at(out, idx, g)
+    return out
+
+
+register("get_rows_back", arity=2, kind="opaque", infer=_get_rows_back_infer,
+         ref=_get_rows_back_ref, attrs={"n_rows": ("int", REQUIRED)},
+         doc="get_rows_back(g, idx) [n_rows]: scatter-add of g's rows into a zero table "
+             "(ggml_get_rows_back); repeated indices accumulate")
 
 
 # ---- matmul ------------------------------------------------------------------------------------
@@ -204,11 +258,13 @@ def concat(xs, axis=0):
 
 
 def slice(x, *specs):
-    """slice(x, (start, stop, step), ...) per leading axis, or Python slices; missing axes: whole."""
-    import builtins
+    """slice(x, (start, stop, step), ...) per leading axis, or Python slices; missing axes and
+    None: the whole axis."""
+    if len(specs) > x.ndim:
+        raise ShapeError(f"slice: {len(specs)} slices for {x.ndim}-D {x.label} {x.type}")
     out = []
     for ax, d in enumerate(x.shape):
-        s = specs[ax] if ax < len(specs) else builtins.slice(None)
+        s = specs[ax] if ax < len(specs) and specs[ax] is not None else builtins.slice(None)
         if isinstance(s, (tuple, list)):
             s = builtins.slice(*s)
         if not isinstance(s, builtins.slice):
@@ -231,10 +287,6 @@ def matmul(x, w, ta=False, tb=False): return apply("matmul", x, w, ta=ta, tb=tb)
 
 
 # ---- vjp rules ---------------------------------------------------------------------------------
-from .common import unbroadcast  # noqa: E402
-from .registry import defvjp  # noqa: E402
-
-
 @defvjp("reshape")
 def _reshape_vjp(g, out, xs, a):
     return [reshape(g, xs[0].shape)]
@@ -261,3 +313,45 @@ def _matmul_vjp(g, out, xs, a):
     gx = apply("matmul", w, g, ta=tb, tb=True) if ta else apply("matmul", g, w, ta=False, tb=not tb)
     gw = apply("matmul", g, x, ta=True, tb=ta) if tb else apply("matmul", x, g, ta=not ta, tb=False)
     return [unbroadcast(gx, x.shape), unbroadcast(gw, w.shape)]
+
+
+@defvjp("concat")
+def _concat_vjp(g, out, xs, a):
+    ax, off, grads = a["axis"], 0, []
+    for x in xs:
+        n = x.shape[ax]
+        grads.append(apply("slice", g, slices=tuple((off, off + n, 1) if i == ax else (0, d, 1)
+                                                   for i, d in enumerate(g.shape))))
+        off += n
+    return grads
+
+
+@defvjp("slice")
+def _slice_vjp(g, out, xs, a):
+    """Unit steps: pad g back with zeros; other steps (strided, reversed): scatter (slice_back)."""
+    x, sl = xs[0], a["slices"]
+    if all(st == 1 for _, _, st in sl):
+        return [pad(g, [(s, d - s - n) for (s, _, _), d, n in zip(sl, x.shape, g.shape)])]
+    return [apply("slice_back", g, shape=x.shape, slices=sl)]
+
+
+@defvjp("slice_back")
+def _slice_back_vjp(g, out, xs, a):
+    return [apply("slice", g, slices=a["slices"])]
+
+
+@defvjp("pad")
+def _pad_vjp(g, out, xs, a):
+    inner = tuple((b, b + d, 1) for (b, _), d in zip(a["pads"], xs[0].shape))
+    return [apply("slice", g, slices=inner)]
+
+
+@defvjp("get_rows")
+def _get_rows_vjp(g, out, xs, a):
+    w, idx = xs
+    return [apply("get_rows_back", g, idx, n_rows=w.shape[0]), None]
+
+
+@defvjp("get_rows_back")
+def _get_rows_back_vjp(g, out, xs, a):
+    return [get_rows(g, xs[1]), None]
