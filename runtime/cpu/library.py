@@ -1,0 +1,37 @@
+"""Hand-written numba kernels for the ops the code generator does not emit itself
+(generated code does `from jitgraph.runtime.cpu import library as lib` and calls `lib.<kernel>`).
+
+Calling convention: `kernel(in_1, ..., in_k, out, [work], *params)`. Arrays are C-contiguous
+numpy arrays (f32/f64; i32 for indices and labels), shapes come from the arrays, `out` is
+preallocated and fully overwritten, and nothing is allocated per call. Per-axis parameters are
+int tuples with one entry per axis; `axis` parameters may be negative. Each kernel's docstring
+names its op, layout and parameters:
+
+  lib_shape  permute(x, out, axes)            slice(x, out, starts, steps)
+             slice_back(g, out, starts, steps) pad(x, out, befores, value)
+             embed(x, out, starts)  -- concat: one call per operand, starts = offset at the axis
+             get_rows(w, idx, out)            get_rows_back(g, idx, out)
+  lib_rows   softmax / log_softmax(x, out, axis)   softmax_back(y, g, out, axis)
+             max_last / argmax_last / logsumexp_last(x, out)  -- reductions over the last axis
+             count_equal(x, y, out)   cross_entropy(logits, target, out)
+             cross_entropy_back(logits, target, g, out)
+  lib_norm   rms_norm / layer_norm(x, out, eps)  rms_norm_back / layer_norm_back(x, g, out, eps)
+             rope(x, pos, out, theta, neox)      rope_back(g, pos, out, theta, neox)
+             causal_mask(x, out, n_past, value)
+  lib_conv   conv2d(x, w, out, work, sh, sw, ph, pw, dh, dw)
+             conv2d_back_input(w, g, out, work, ...)   conv2d_back_weight(x, g, out, work, ...)
+             -- work: 1-D, workspace_size_conv2d(x_shape, w_shape, y_shape) elements, out's dtype
+  lib_pool   max_pool2d(x, out, kh, kw, sh, sw, ph, pw)   max_pool2d_back(x, g, out, ...)
+             avg_pool2d(x, out, ...)                       avg_pool2d_back(g, out, ...)
+"""
+from __future__ import annotations
+
+from .lib_conv import (conv2d, conv2d_back_input, conv2d_back_weight,  # noqa: F401
+                       workspace_size_conv2d)
+from .lib_norm import (causal_mask, layer_norm, layer_norm_back, rms_norm,  # noqa: F401
+                       rms_norm_back, rope, rope_back)
+from .lib_pool import avg_pool2d, avg_pool2d_back, max_pool2d, max_pool2d_back  # noqa: F401
+from .lib_rows import (argmax_last, count_equal, cross_entropy, cross_entropy_back,  # noqa: F401
+                       log_softmax, logsumexp_last, max_last, softmax, softmax_back)
+from .lib_shape import (embed, get_rows, get_rows_back, pad, permute, slice,  # noqa: F401
+                        slice_back)
