@@ -10,4 +10,5 @@ from .shape import (  # noqa: F401
     reshape, permute, transpose, broadcast_to, concat, slice, pad, get_rows, matmul)
 from .nn import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
+from .marks import checkpoint  # noqa: F401
 from . import update as _update  # noqa: F401  (registers the fused optimizer-update ops)
