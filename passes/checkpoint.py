@@ -1,0 +1,290 @@
+"""Gradient checkpointing: recompute chosen activations in the backward instead of keeping them.
+
+Runs after autodiff and the optimizer. Forward nodes are the ancestors of the loss; every other
+computing node is "backward" (gradients and the update). Activations are forward values that
+backward nodes read. A plan is the set S of forward nodes to recompute: a backward node reading a
+value in S reads a clone of it instead, emitted right before the first backward node that needs
+it, whose operands are clones themselves when in S and the kept originals otherwise. The
+originals then die at their last forward use, so the memory planner frees them early. Clones run
+the same ops on the same operands: results equal the unchecked graph's (bitwise in the
+interpreter).
+
+Policies:
+  None             keep everything (jg.checkpoint marks are removed)
+  "marks"          keep the values marked with jg.checkpoint(x); recompute every other one from
+                   the nearest kept values (segments between marks)
+  "sqrt"           keep about sqrt(n) cut points of the forward chain (values every later forward
+                   node can be computed from) and recompute the segments between them
+  "budget:BYTES"   (or "budget:0.5", a fraction of the unchecked peak) the plan that fits the
+                   budget at the least recomputation: first only cheap ops are recomputed (never
+                   a matmul or conv2d while that suffices), cheapest per byte first; then segments
+The automatic policies ignore jg.checkpoint marks (and remove them).
+The memory measure is the peak live arena bytes of passes/liveness.py, with params and inputs
+outside the arena and update sources written in place into their params (`arena_peak`).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from jitgraph.ir import LEAF_OPS, Graph
+
+from .fuse import live_nodes, op_kind
+from .liveness import peak_bytes
+from .report import Report
+
+EXPENSIVE = ("matmul", "conv2d")   # recomputed only when recomputing cheap ops cannot fit
+
+
+def flops(graph, n) -> int:
+    """Estimated cost of computing node n: 2MNK per GEMM, one per element otherwise."""
+    size = n.type.size
+    if n.op == "matmul":
+        x = graph.nodes[n.inputs[0]]
+        return 2 * size * x.type.shape[-2 if n.attr["ta"] else -1]
+    if n.op == "conv2d":
+        w = graph.nodes[n.inputs[1]].type
+        return 2 * size * (w.size // w.shape[0])
+    kind = op_kind(n.op)
+    if kind == "view":
+        return 0
+    if kind == "elementwise" or not n.inputs:
+        return size
+    return sum(graph.nodes[i].type.size for i in n.inputs)
+
+
+def arena_peak(graph) -> int:
+    """Peak live arena bytes in node order; update sources live in their params' buffers."""
+    return peak_bytes(graph, persistent=set(graph.updates.values()))[0]
+
+
+def checkpoint(graph, policy=None, loss: str = "loss"):
+    """Return (graph with recomputation in the backward, Report). See the module docstring."""
+    kind, arg = _parse(policy)
+    g, marked = _strip_marks(graph)
+    if kind == "none":
+        return g.validate(), Report("checkpoint", {"policy": "none", "marks_removed":
+                                                   len(graph.nodes) - len(g.nodes)})
+    fw = _Forward(g, loss)
+    peak0 = arena_peak(g)
+    if kind == "marks":
+        plan = fw.candidates - marked
+    elif kind == "sqrt":
+        plans = [fw.segments(k) for k in fw.sqrt_ks()]
+        plan = min(plans, key=lambda s: (fw.evaluate(s).peak, fw.evaluate(s).flops))
+    else:
+        budget = int(arg * peak0) if isinstance(arg, float) else arg
+        plan = fw.fit(budget, peak0)
+    out, clones = fw.rebuild(plan)
+    return out.validate(), _report(policy, fw, out, clones, peak0)
+
+
+def _parse(policy):
+    if policy is None:
+        return "none", None
+    if policy in ("marks", "explicit", "sqrt"):
+        return ("sqrt" if policy == "sqrt" else "marks"), None
+    if isinstance(policy, str) and policy.startswith("budget:"):
+        v = policy[len("budget:"):]
+        try:
+            return "budget", int(v)
+        except ValueError:
+            pass
+        try:
+            f = float(v)
+        except ValueError:
+            f = 0.0
+        if 0 < f <= 1:
+            return "budget", f
+    raise ValueError(f"checkpoint: unknown policy {policy!r}; expected None, 'marks', 'sqrt', "
+                     f"'budget:BYTES' or 'budget:FRACTION' (0 < FRACTION <= 1 of the unchecked "
+                     f"peak)")
+
+
+def _strip_marks(graph):
+    """A copy without checkpoint marks (readers read the marked value); the marked value ids."""
+    g = Graph(graph.name)
+    g.inits = dict(graph.inits)
+    new, marked = {}, set()
+    for n in graph.nodes:
+        if n.op == "checkpoint":
+            new[n.id] = new[n.inputs[0]]
+            marked.add(new[n.id])
+        elif n.op in LEAF_OPS:
+            new[n.id] = _copy_leaf(g, n)
+        else:
+            node = g.make_node(n.op, [new[i] for i in n.inputs], n.attr)
+            g.nodes.append(node)
+            new[n.id] = node.id
+    g.outputs = {k: new[i] for k, i in graph.outputs.items()}
+    g.updates = {k: new[i] for k, i in graph.updates.items()}
+    return g, marked
+
+
+class Cost(NamedTuple):
+    """What a plan costs; orders plans by the partitioner rule, then FLOPs, then memory."""
+    expensive: bool    # recomputes a GEMM or a convolution
+    flops: int
+    peak: int
+
+
+def _copy_leaf(g, n) -> int:
+    nid = g._append(n.op, (), n.attr, n.type).id
+    (g.inputs if n.op == "input" else g.params)[n.attr["name"]] = nid
+    return nid
+
+
+class _Forward:
+    """The forward/backward split of a training graph and the plans over it."""
+
+    def __init__(self, g, loss):
+        if loss not in g.outputs:
+            raise ValueError(f"checkpoint: graph {g.name} has no output {loss!r} (outputs: "
+                             f"{', '.join(g.outputs) or 'none'}); run it after autodiff")
+        self.g, self.live = g, live_nodes(g)
+        fwd, todo = set(), [g.outputs[loss]]
+        while todo:
+            i = todo.pop()
+            if i not in fwd and g.nodes[i].op not in LEAF_OPS:
+                fwd.add(i)
+                todo.extend(g.nodes[i].inputs)
+        self.forward = fwd
+        self.backward = [n.id for n in g.nodes if n.id in self.live and n.id not in fwd
+                         and n.op not in LEAF_OPS]
+        self.acts = sorted({i for b in self.backward for i in g.nodes[b].inputs if i in fwd})
+        kept = set(g.outputs.values()) | set(g.updates.values())
+        self.candidates = frozenset(fwd - kept)
+        self.cuts = self._cuts()
+        self._cache = {}
+
+    def _cuts(self):
+        """Forward values (not views) after which no earlier forward value is read again."""
+        g, last, reach = self.g, {}, -1
+        for i in sorted(self.forward):
+            for j in g.nodes[i].inputs:
+                if g.nodes[j].inputs:            # leaves and constants are always available
+                    last[j] = i
+        out = []
+        for i in sorted(self.forward):
+            if reach <= i and i in self.candidates and op_kind(g.nodes[i].op) != "view":
+                out.append(i)
+            reach = max(reach, last.get(i, i))
+        return out
+
+    def rebuild(self, plan):
+        """(graph, {clone id: original id}) for recompute set `plan`."""
+        g, plan = self.g, frozenset(plan)
+        need = set(g.outputs.values()) | set(g.updates.values())
+        cloned = set()
+        for n in reversed(g.nodes):                  # readers come after what they read
+            if n.id in self.forward:
+                if n.id in need:
+                    need.update(n.inputs)
+                if n.id not in cloned:
+                    continue
+            elif n.id not in self.live:
+                continue
+            for i in n.inputs:                       # backward nodes and clones
+                (cloned if i in plan else need).add(i)
+        out = Graph(g.name)
+        out.inits = dict(g.inits)
+        new, clone, origin = {}, {}, {}
+
+        def emit(n, ins):
+            node = out.make_node(n.op, ins, n.attr)
+            out.nodes.append(node)
+            return node.id
+
+        def fetch(i):
+            todo = [i]
+            while todo:
+                j = todo[-1]
+                if j not in plan or j in clone:
+                    todo.pop()
+                    continue
+                missing = [k for k in g.nodes[j].inputs if k in plan and k not in clone]
+                if missing:
+                    todo.extend(missing)
+                    continue
+                todo.pop()
+                clone[j] = emit(g.nodes[j], [clone[k] if k in plan else new[k]
+                                             for k in g.nodes[j].inputs])
+                origin[clone[j]] = j
+            return clone[i] if i in plan else new[i]
+
+        for n in g.nodes:
+            if n.op in LEAF_OPS:
+                new[n.id] = _copy_leaf(out, n)
+            elif n.id in self.forward:
+                if n.id in need:
+                    new[n.id] = emit(n, [new[i] for i in n.inputs])
+            elif n.id in self.live:
+                new[n.id] = emit(n, [fetch(i) for i in n.inputs])
+        out.outputs = {k: new[i] for k, i in g.outputs.items()}
+        out.updates = {k: new[i] for k, i in g.updates.items()}
+        return out, origin
+
+    def evaluate(self, plan) -> "Cost":
+        key = frozenset(plan)
+        if key not in self._cache:
+            out, origin = self.rebuild(key)
+            nodes = [self.g.nodes[i] for i in origin.values()]
+            self._cache[key] = Cost(any(n.op in EXPENSIVE for n in nodes),
+                                    sum(flops(self.g, n) for n in nodes), arena_peak(out))
+        return self._cache[key]
+
+    def segments(self, k):
+        """Keep k - 1 cut points that split the activation bytes evenly (of equally good ones the
+        costliest to recompute, e.g. a matmul's output); recompute the rest."""
+        g, cuts = self.g, self.cuts
+        acts, total, at = set(self.acts), 0, {}
+        for i in sorted(self.forward):
+            total += g.nodes[i].type.nbytes if i in acts else 0
+            at[i] = total
+        keep = {min(cuts, key=lambda c: (abs(at[c] - j * total / k), -flops(g, g.nodes[c])))
+                for j in range(1, k)} if cuts else set()
+        return self.candidates - keep
+
+    def sqrt_ks(self):
+        """Segment counts around sqrt(activation bytes / typical cut bytes) (Chen et al. 2016)."""
+        if not self.cuts:
+            return [1]
+        total = sum(self.g.nodes[i].type.nbytes for i in self.acts)
+        cut = sorted(self.g.nodes[i].type.nbytes for i in self.cuts)[len(self.cuts) // 2]
+        k = max(1, round(math.sqrt(total / max(cut, 1))))
+        return sorted({max(1, min(k + d, len(self.cuts) + 1)) for d in (-1, 0, 1)})
+
+    def fit(self, budget, peak0):
+        """The cheapest plan whose peak is within budget, or a ValueError naming the least."""
+        g = self.g
+        if peak0 <= budget:
+            return frozenset()
+        cheap = sorted((i for i in self.candidates if g.nodes[i].op not in EXPENSIVE),
+                       key=lambda i: (flops(g, g.nodes[i]) / max(g.nodes[i].type.nbytes, 1), i))
+        prefixes = [frozenset(cheap[:m]) for m in range(1, len(cheap) + 1)]
+        fits = next(([p] for p in prefixes if self.evaluate(p).peak <= budget), [])
+        segments = [self.segments(k) for k in range(1, len(self.cuts) + 2)]
+        fits += [p for p in segments if self.evaluate(p).peak <= budget]
+        if fits:      # GEMMs and convolutions only when no plan without them fits
+            return min(fits, key=self.evaluate)
+        least = min(self.evaluate(p).peak for p in prefixes + segments)
+        raise ValueError(f"checkpoint: budget {budget} B is infeasible for graph {g.name}: the "
+                         f"smallest peak reachable by recomputation is {least} B "
+                         f"({100 * least / peak0:.0f} % of the unchecked {peak0} B); use "
+                         f"budget:{least} or more")
+
+
+def _report(policy, fw, out, clones, peak0):
+    g = fw.g
+    extra = sum(flops(g, g.nodes[i]) for i in clones.values())
+    peak = arena_peak(out)
+    rep = Report("checkpoint", {
+        "policy": policy, "activations": len(fw.acts),
+        "activation_bytes": sum(g.nodes[i].type.nbytes for i in fw.acts),
+        "recomputed": len(clones), "extra_flops": extra,
+        "peak_before": peak0, "peak_after": peak,
+        "peak_ratio": round(peak / peak0, 3) if peak0 else 1.0})
+    for c, i in clones.items():
+        n = out.nodes[c]
+        rep.lines.append(f"%{c} = {n.op} : {n.type}  recompute (+{flops(g, g.nodes[i])} flops)")
+    return rep
