@@ -1,0 +1,265 @@
+"""`jitgraph bench`: fused against unfused on the workloads of issue 5, and (--checkpoint-curve)
+peak arena bytes and step time under each checkpointing policy for the workloads of issue 8.
+
+Each workload is compiled once per configuration; every program runs `warmup` steps, then
+the programs take turns for `repeat` timed steps each (time.perf_counter), and the median is
+reported (the JSON has the minimum too). The workloads live in jitgraph/workloads.py.
+Benchmarks are meant to run as on a user's machine: `env -u OPENBLAS_CORETYPE -u
+OPENBLAS_L2_SIZE jitgraph bench` (those variables halve OpenBLAS's sgemm speed here); the
+header and the JSON say which BLAS kernel ran.
+
+    jitgraph bench [--json PATH] [--quick] [--only NAME ...] [--repeat N] [--checkpoint-curve]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUDGETS = (0.75, 0.5, 0.35)       # checkpoint budgets, as fractions of the unchecked peak
+QUICK_SCALE = 0.25                # --quick: every workload at a quarter of its size
+
+
+def load_workloads():
+    """The workload builders (jitgraph/workloads.py: WORKLOADS, FUSION, CHECKPOINT)."""
+    from . import workloads
+    return workloads
+
+
+def time_steps(progs, feeds, repeat, warmup=2) -> list:
+    """Median and min seconds of `prog.step(**feeds)` for each program, after `warmup` calls.
+    The programs take turns step by step, so a change of load on the machine hits all alike."""
+    for _ in range(warmup):
+        for prog in progs:
+            prog.step(**feeds)
+    times = [[] for _ in progs]
+    for _ in range(repeat):
+        for prog, ts in zip(progs, times):
+            t0 = time.perf_counter()
+            prog.step(**feeds)
+            ts.append(time.perf_counter() - t0)
+    return [{"median_s": statistics.median(ts), "min_s": min(ts)} for ts in times]
+
+
+def _compile(w, **options):
+    import jitgraph as jg
+    return jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, **options)
+
+
+def _stats(prog) -> dict:
+    st = prog.stats()
+    return {"kernels": st.get("kernels"), "bytes_moved": st.get("bytes_moved"),
+            "arena_bytes": st.get("arena_bytes"), "compile_s": st.get("compile_seconds")}
+
+
+def _error(e) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _settings(quick, repeat):
+    return (QUICK_SCALE if quick else 1.0), (repeat or (3 if quick else 10)), (1 if quick else 2)
+
+
+def run_suite(names=None, repeat=None, json_path=None, quick=False, out=None) -> list:
+    """Fused vs unfused for each workload (default: the issue 5 suite); prints the table,
+    writes JSON when asked and returns the rows. A workload that fails gets an `error`."""
+    wl = load_workloads()
+    scale, repeat, warmup = _settings(quick, repeat)
+    rows = []
+    for name in names or wl.FUSION:
+        w = wl.WORKLOADS[name](scale=scale)
+        row = {"workload": name, "scale": scale, "repeat": repeat}
+        _log(f"bench: {name}")
+        try:                            # a failure is reported; the other workloads still run
+            progs = {tag: _compile(w, fuse=fuse) for tag, fuse in (("unfused", False),
+                                                                    ("fused", True))}
+            times = time_steps(list(progs.values()), w.feeds, repeat, warmup)
+            for (tag, prog), t in zip(progs.items(), times):
+                row[tag] = {**_stats(prog), **t}
+            row["ratio"] = row["unfused"]["median_s"] / row["fused"]["median_s"]
+        except Exception as e:
+            row["error"] = _error(e)
+        rows.append(row)
+    print(format_fusion(rows), file=out)
+    if json_path:
+        write_json(json_path, {"fusion": rows})
+    return rows
+
+
+def _curve_point(w, policy, fraction=None, **info):
+    """(row, program) for one checkpoint policy; program None and an `error` in the row when
+    it does not compile (an infeasible budget)."""
+    row = {**info, "policy": policy, "budget_fraction": fraction}
+    _log(f"bench: {info['workload']} checkpoint={policy}")
+    try:
+        prog = _compile(w, checkpoint=None if policy == "none" else policy)
+    except Exception as e:
+        row["error"] = _error(e)
+        return row, None
+    row.update(_stats(prog))
+    return row, prog
+
+
+def checkpoint_curve(names=None, repeat=None, json_path=None, quick=False, budgets=BUDGETS,
+                     out=None) -> list:
+    """Peak arena bytes and step time under checkpoint None, "sqrt" and byte budgets at
+    `budgets` fractions of the unchecked program's planned peak (fused, memory planned); the
+    programs of one workload are timed taking turns. Returns the rows (see `_curve_point`)."""
+    wl = load_workloads()
+    scale, repeat, warmup = _settings(quick, repeat)
+    rows = []
+    for name in names or wl.CHECKPOINT:
+        w = wl.WORKLOADS[name](scale=scale)
+        info = {"workload": name, "scale": scale, "repeat": repeat}
+        points = [_curve_point(w, "none", **info)]
+        base = points[0][0]
+        if points[0][1] is not None:
+            points.append(_curve_point(w, "sqrt", **info))
+            points += [_curve_point(w, f"budget:{int(f * base['arena_bytes'])}", f, **info)
+                       for f in budgets]
+            done = [(row, prog) for row, prog in points if prog is not None]
+            times = time_steps([prog for _, prog in done], w.feeds, repeat, warmup)
+            for (row, _), t in zip(done, times):
+                row.update(t, peak_vs_none=row["arena_bytes"] / base["arena_bytes"],
+                           time_vs_none=t["median_s"] / times[0]["median_s"])
+        rows += [row for row, _ in points]
+    print(format_curve(rows), file=out)
+    if json_path:
+        write_json(json_path, {"checkpoint": rows})
+    return rows
+
+
+# ---- output ------------------------------------------------------------------------------------
+def _ms(s):
+    return "-" if s is None else f"{s * 1e3:.3f}"
+
+
+def _mb(n):
+    return "-" if n is None else f"{n / 2**20:.1f}M"
+
+
+def _pair(row, key, fmt):
+    return f"{fmt(row['unfused'][key])} -> {fmt(row['fused'][key])}"
+
+
+def _table(header, lines) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header, *lines])
+
+
+def format_fusion(rows) -> str:
+    lines, errors = [], []
+    for r in rows:
+        if "error" in r:
+            errors.append(f"{r['workload']}: {r['error']}")
+            continue
+        lines.append([r["workload"], _ms(r["unfused"]["median_s"]), _ms(r["fused"]["median_s"]),
+                      f"{r['ratio']:.2f}x", _pair(r, "kernels", lambda k: "-" if k is None else k),
+                      _pair(r, "bytes_moved", _mb)])
+    header = ["workload", "unfused ms", "fused ms", "ratio", "kernels", "bytes moved"]
+    return "\n".join([_table(header, lines), *[f"FAILED {e}" for e in errors]])
+
+
+def _policy(row):
+    f = row.get("budget_fraction")
+    return row["policy"] if f is None else f"{row['policy']} ({100 * f:.0f}%)"
+
+
+def format_curve(rows) -> str:
+    lines = []
+    for r in rows:
+        if "error" in r:
+            lines.append([r["workload"], _policy(r), "-", "-", "-", "-", r["error"][:100]])
+            continue
+        lines.append([r["workload"], _policy(r), _mb(r["arena_bytes"]),
+                      f"{100 * r['peak_vs_none']:.0f}%", _ms(r["median_s"]),
+                      f"{r['time_vs_none']:.2f}x", ""])
+    header = ["workload", "checkpoint", "peak arena", "vs none", "step ms", "vs none", "error"]
+    return _table(header, lines)
+
+
+def environment() -> dict:
+    """What the figures depend on: versions, cores, thread settings, the thread pools (BLAS
+    kernels, OpenMP) threadpoolctl sees."""
+    import numba
+    import numpy
+    from threadpoolctl import threadpool_info
+    keys = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER",
+            "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "JITGRAPH_NUM_THREADS")
+    return {"argv": sys.argv, "python": platform.python_version(), "numpy": numpy.__version__,
+            "numba": numba.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
+            "env": {k: os.environ.get(k) for k in keys},
+            "threadpools": [{k: i.get(k) for k in ("internal_api", "version", "architecture",
+                                                    "num_threads", "filepath")}
+                            for i in threadpool_info()]}
+
+
+def describe_environment(env) -> str:
+    pools = ", ".join(" ".join(str(b[k]) for k in ("internal_api", "version", "architecture")
+                               if b[k]) + f" x{b['num_threads']}" for b in env["threadpools"])
+    line = f"# {env['cpus']} cpus, numba {env['numba']}, numpy {env['numpy']}; " \
+           f"thread pools: {pools or 'none loaded'}"
+    if env["env"]["OPENBLAS_CORETYPE"] or env["env"]["OPENBLAS_L2_SIZE"]:
+        line += ("\n# note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set (slower sgemm); "
+                 "run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` as on a user's machine")
+    return line
+
+
+def write_json(path, results: dict) -> None:
+    """Write {"environment": ..., **results} atomically (a temp file renamed over `path`)."""
+    path = Path(path)
+    data = {"environment": environment(), **results}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="jitgraph bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (atomically)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke run: sizes x{QUICK_SCALE}, 3 repeats (not the issue's figures)")
+    p.add_argument("--only", nargs="+", action="extend", metavar="NAME",
+                   help="run only these workloads")
+    p.add_argument("--repeat", type=int, metavar="N",
+                   help="timed steps per configuration (default 10; 3 with --quick)")
+    p.add_argument("--checkpoint-curve", action="store_true",
+                   help="run the checkpointing curve (issue 8) instead of fused vs unfused")
+    args = p.parse_args(argv)
+    known = load_workloads().WORKLOADS
+    unknown = [n for n in args.only or () if n not in known]
+    if unknown:
+        p.error(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(known)}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        p.error(f"--json {args.json}: the directory does not exist")
+    if args.repeat is not None and args.repeat < 1:
+        p.error("--repeat must be >= 1")
+    run = checkpoint_curve if args.checkpoint_curve else run_suite
+    rows = run(args.only, args.repeat, args.json, args.quick)
+    print(describe_environment(environment()))
+    # an infeasible budget is a result of the curve, not a failure of the run
+    failed = [r for r in rows if "error" in r and r.get("budget_fraction") is None]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The benchmark workloads of issues 5 (fusion) and 8 (checkpointing).
+
+`WORKLOADS[name](scale=1.0, seed=0)` returns a Workload (graph, feeds, loss, optimizer): compile
+it with `jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, ...)` and time
+`prog.step(**w.feeds)`. `scale` multiplies the sizes (the tests build them tiny); scale 1 is
+the size the issues name. Everything is deterministic in `seed`.
+
+The microbenchmarks keep their data in non-trainable params (the program's persistent region,
+filled from the graph's initialisers), so a step times the kernels rather than copying 16 MB
+of inputs into the arena; their outputs are still copied out by `step`. The softmax benchmark
+scales its input first (attention's 1/sqrt(d)) and layer_norm has its affine epilogue: each is
+a reduction with an elementwise prologue or epilogue, the pattern issue 5 fuses.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+import jitgraph as jg
+from jitgraph import init, ops
+from jitgraph.models import mnist, transformer as tf
+
+FUSION = ("ew_chain", "softmax", "layer_norm", "gemm_bias_gelu", "mnist_mlp_b100",
+          "mnist_mlp_b1000", "mnist_cnn_b100", "transformer_block")
+CHECKPOINT = ("deep_mlp", "transformer_4l")
+
+
+class Workload(NamedTuple):
+    graph: object
+    feeds: dict
+    loss: str | None
+    optimizer: object
+
+
+def _dim(n, scale, multiple=1):
+    """n * scale rounded to a positive multiple of `multiple`."""
+    return max(multiple, int(round(n * scale / multiple)) * multiple)
+
+
+def _data(g, name, shape):
+    return g.param(name, shape, init=init.normal(), trainable=False)
+
+
+def _adamw():
+    return jg.optim.AdamW(lr=1e-3)
+
+
+# ---- microbenchmarks (forward only) ------------------------------------------------------------
+def ew_chain(scale=1.0, seed=0):
+    """Eight elementwise ops over two [2048, 2048] arrays (4M floats each)."""
+    g = jg.Graph("ew_chain")
+    shape = (_dim(2048, scale), 2048)
+    x, y = _data(g, "x", shape), _data(g, "y", shape)
+    h = ops.tanh(x * y + x)
+    g.output(out=ops.relu(ops.sigmoid(ops.sqr(h) - y) * x))
+    return Workload(g, {}, None, None)
+
+
+def softmax(scale=1.0, seed=0):
+    """softmax(x / 32) over rows of [4096, 1024]."""
+    g = jg.Graph("softmax")
+    x = _data(g, "x", (_dim(4096, scale), _dim(1024, scale)))
+    g.output(out=ops.softmax(ops.scale(x, 1 / 32)))
+    return Workload(g, {}, None, None)
+
+
+def layer_norm(scale=1.0, seed=0):
+    """layer_norm(x) * w + b over rows of [4096, 1024]."""
+    g = jg.Graph("layer_norm")
+    rows, d = _dim(4096, scale), _dim(1024, scale)
+    x = _data(g, "x", (rows, d))
+    g.output(out=ops.layer_norm(x, _data(g, "w", (d,)), _data(g, "b", (d,))))
+    return Workload(g, {}, None, None)
+
+
+def gemm_bias_gelu(scale=1.0, seed=0):
+    """gelu(x @ w + b), all sides 1024."""
+    g = jg.Graph("gemm_bias_gelu")
+    n = _dim(1024, scale)
+    x, w, b = _data(g, "x", (n, n)), _data(g, "w", (n, n)), _data(g, "b", (n,))
+    g.output(out=ops.gelu(x @ w + b))
+    return Workload(g, {}, None, None)
+
+
+# ---- training steps ----------------------------------------------------------------------------
+def _classes(g, rng):
+    """x uniform in [0, 1) and labels below the logits' width, for x/y classification graphs."""
+    xt, yt = g.nodes[g.inputs["x"]].type, g.nodes[g.inputs["y"]].type
+    n_classes = g.nodes[g.outputs["logits"]].type.shape[-1]
+    return {"x": rng.random(xt.shape, dtype=np.float32),
+            "y": rng.integers(0, n_classes, yt.shape, dtype=np.int32)}
+
+
+def _mnist(build, batch, scale, seed):
+    g = build(_dim(batch, scale))
+    return Workload(g, _classes(g, np.random.default_rng(seed)), "loss", _adamw())
+
+
+def mnist_mlp_b100(scale=1.0, seed=0):
+    return _mnist(mnist.mnist_fc, 100, scale, seed)
+
+
+def mnist_mlp_b1000(scale=1.0, seed=0):
+    return _mnist(mnist.mnist_fc, 1000, scale, seed)
+
+
+def mnist_cnn_b100(scale=1.0, seed=0):
+    return _mnist(mnist.mnist_cnn, 100, scale, seed)
+
+
+def _transformer(n_layers, vocab, scale, seed, name):
+    heads = 4
+    g = tf.transformer(n_layers, d_model=_dim(256, scale, 2 * heads), n_heads=heads,
+                       seq=_dim(128, scale), batch=_dim(8, scale), vocab=vocab, name=name)
+    return Workload(g, tf.sample_inputs(g, np.random.default_rng(seed)), "loss", _adamw())
+
+
+def transformer_block(scale=1.0, seed=0):
+    """One llama block (d_model 256, 4 heads, seq 128, batch 8, SwiGLU), mse head."""
+    return _transformer(1, None, scale, seed, "transformer_block")
+
+
+def transformer_4l(scale=1.0, seed=0):
+    """A 4-layer baby-llama (the block above, vocabulary 512) for the checkpointing curve."""
+    return _transformer(4, _dim(512, scale), scale, seed, "transformer_4l")
+
+
+def deep_mlp(scale=1.0, seed=0, layers=16):
+    """16 ReLU layers of 1024 units at batch 1024, then 10 classes: activations dominate."""
+    g = jg.Graph("deep_mlp")
+    batch, width = _dim(1024, scale), _dim(1024, scale)
+    h, y = g.input("x", (batch, width)), g.input("y", (batch,), "i32")
+    for i in range(layers + 1):
+        n_out = 10 if i == layers else width
+        w = g.param(f"fc{i}.weight", (width, n_out), init=init.he_uniform())
+        h = h @ w + g.param(f"fc{i}.bias", (n_out,))
+        h = h if i == layers else ops.relu(h)
+    g.output(loss=ops.cross_entropy(h, y), logits=h)
+    return Workload(g, _classes(g, np.random.default_rng(seed)), "loss", _adamw())
+
+
+WORKLOADS = {f.__name__: f for f in (
+    ew_chain, softmax, layer_norm, gemm_bias_gelu, mnist_mlp_b100, mnist_mlp_b1000,
+    mnist_cnn_b100, transformer_block, deep_mlp, transformer_4l)}

@@ -1,0 +1,265 @@
+"""The transformer model (jitgraph/models/transformer.py), the bench workloads (jitgraph/workloads.py)
+and the suite runner's bookkeeping (jitgraph/bench.py), at tiny sizes under the interpreter."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import jitgraph as jg
+from jitgraph import bench
+from jitgraph.interp import check_feed
+from jitgraph.models.transformer import sample_inputs, transformer
+from jitgraph.testing import check_grad
+from jitgraph.types import ShapeError
+
+WL = bench.load_workloads()
+TINY = dict(d_model=8, n_heads=2, seq=4, batch=2, vocab=11)
+
+
+def _random_params(g, rng, std=0.4):
+    return {k: rng.normal(0, std, g.nodes[i].type.shape) for k, i in g.params.items()}
+
+
+# ---- transformer -------------------------------------------------------------------------------
+def test_transformer_types_and_llama_names():
+    g = transformer(2, **TINY).validate()
+    rows = TINY["batch"] * TINY["seq"]
+    assert g.nodes[g.outputs["loss"]].type == jg.TensorType("f32", ())
+    assert g.nodes[g.outputs["logits"]].type == jg.TensorType("f32", (rows, TINY["vocab"]))
+    layer = {f"layers.1.{n}.weight" for n in (
+        "attention_norm", "attention.wq", "attention.wk", "attention.wv", "attention.wo",
+        "ffn_norm", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")}
+    assert layer <= set(g.params)
+    assert {"tok_embeddings.weight", "norm.weight", "output.weight"} <= set(g.params)
+    assert len(g.params) == 3 + 2 * len(layer)
+    gelu = transformer(1, **TINY, act="gelu", norm="layer").validate()
+    assert "layers.0.feed_forward.w3.weight" not in gelu.params
+
+
+def test_transformer_rejects_bad_configs():
+    with pytest.raises(ShapeError, match="even head_dim"):
+        transformer(1, d_model=12, n_heads=4)       # head_dim 3
+    with pytest.raises(ShapeError, match="act"):
+        transformer(1, d_model=8, n_heads=2, act="relu")
+
+
+def test_initial_loss_is_log_vocab():
+    """Small output weights: the logits are near uniform, so cross entropy ~ log(vocab)."""
+    g = transformer(2, d_model=16, n_heads=2, seq=6, batch=3, vocab=29)
+    loss = jg.interp.run(g, sample_inputs(g, np.random.default_rng(1)), g.init_params(0))["loss"]
+    assert abs(float(loss) - math.log(29)) < 0.05
+
+
+def test_next_token_labels_and_positions():
+    g = transformer(1, **TINY)
+    f = sample_inputs(g, np.random.default_rng(0))
+    tok = f["tokens"].reshape(TINY["batch"], TINY["seq"])
+    lab = f["labels"].reshape(TINY["batch"], TINY["seq"])
+    np.testing.assert_array_equal(tok[:, 1:], lab[:, :-1])
+    np.testing.assert_array_equal(f["pos"], np.arange(TINY["seq"]))
+    assert f["tokens"].max() < TINY["vocab"]
+
+
+def _oracle_loss(p, tokens, labels, pos, batch, seq, heads, eps=1e-6):
+    """The 1-layer SwiGLU llama written out with explicit loops (ggml rope mode 0)."""
+    def rms(x, w):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+    def rope(t):                                     # t [B, S, H, hd]
+        out = t.copy()
+        hd = t.shape[-1]
+        for s in range(seq):
+            for i in range(hd // 2):
+                a = pos[s] * 10000.0 ** (-2.0 * i / hd)
+                x0, x1 = t[:, s, :, 2 * i], t[:, s, :, 2 * i + 1]
+                out[:, s, :, 2 * i] = x0 * math.cos(a) - x1 * math.sin(a)
+                out[:, s, :, 2 * i + 1] = x0 * math.sin(a) + x1 * math.cos(a)
+        return out
+
+    L = "layers.0."
+    h = p["tok_embeddings.weight"][tokens]
+    d = h.shape[1]
+    hd = d // heads
+    x = rms(h, p[L + "attention_norm.weight"])
+    q, k, v = ((x @ p[L + f"attention.{w}.weight"]).reshape(batch, seq, heads, hd)
+               for w in ("wq", "wk", "wv"))
+    q, k = rope(q), rope(k)
+    att = np.zeros_like(q)
+    for b in range(batch):
+        for hh in range(heads):
+            for i in range(seq):
+                s = np.array([q[b, i, hh] @ k[b, j, hh] / math.sqrt(hd) for j in range(i + 1)])
+                w = np.exp(s - s.max())
+                att[b, i, hh] = sum(w[j] / w.sum() * v[b, j, hh] for j in range(i + 1))
+    h = h + att.reshape(batch * seq, d) @ p[L + "attention.wo.weight"]
+    x = rms(h, p[L + "ffn_norm.weight"])
+    a = x @ p[L + "feed_forward.w1.weight"]
+    h = h + (a / (1 + np.exp(-a)) * (x @ p[L + "feed_forward.w3.weight"])) \
+        @ p[L + "feed_forward.w2.weight"]
+    logits = rms(h, p["norm.weight"]) @ p["output.weight"]
+    lse = np.log(np.exp(logits).sum(-1))
+    return np.mean(lse - logits[np.arange(len(labels)), labels])
+
+
+def test_transformer_matches_explicit_loops():
+    g = transformer(1, **TINY, dtype="f64")
+    rng = np.random.default_rng(3)
+    f, p = sample_inputs(g, rng), _random_params(g, rng)
+    f["pos"] = np.array([0, 3, 1, 7], np.int32)      # rope must use the given positions
+    want = _oracle_loss(p, f["tokens"], f["labels"], f["pos"], TINY["batch"], TINY["seq"], 2)
+    got = jg.interp.run(g, f, p)["loss"]
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+def test_causal():
+    """Changing the last token of a sequence changes no logit of the positions before it."""
+    g = transformer(1, **TINY, dtype="f64")
+    rng = np.random.default_rng(4)
+    f, p = sample_inputs(g, rng), _random_params(g, rng)
+    before = jg.interp.run(g, f, p)["logits"]
+    last = TINY["seq"] - 1                            # last position of the first sequence
+    f["tokens"][last] = (f["tokens"][last] + 1) % TINY["vocab"]
+    after = jg.interp.run(g, f, p)["logits"]
+    np.testing.assert_array_equal(after[:last], before[:last])
+    assert not np.allclose(after[last], before[last])
+
+
+@pytest.mark.parametrize("norm,act", [("rms", "silu"), ("layer", "gelu")])
+def test_transformer_grad(norm, act):
+    g = transformer(1, **TINY, norm=norm, act=act)
+    rng = np.random.default_rng(5)
+    check_grad(g, sample_inputs(g, rng), _random_params(g, rng), loss="loss", max_elements=12,
+               rtol=1e-5, atol=1e-8)
+
+
+def test_block_grad_without_vocab():
+    """vocab=None: float input x and an mse head; gradients w.r.t. params and x."""
+    g = transformer(1, d_model=8, n_heads=2, seq=3, batch=2)
+    rng = np.random.default_rng(6)
+    check_grad(g, sample_inputs(g, rng), _random_params(g, rng), loss="loss", wrt_inputs=("x",),
+               max_elements=12, rtol=1e-5, atol=1e-8)
+
+
+# ---- workloads ---------------------------------------------------------------------------------
+def test_suites_name_known_workloads():
+    assert set(WL.FUSION) | set(WL.CHECKPOINT) == set(WL.WORKLOADS)
+
+
+@pytest.mark.parametrize("name", sorted(WL.WORKLOADS))
+def test_workload_builds_and_runs(name):
+    w = WL.WORKLOADS[name](scale=1 / 32)
+    w.graph.validate()
+    check_feed(w.graph, w.feeds, w.graph.init_params(0))
+    out = jg.interp.run(w.graph, w.feeds, w.graph.init_params(0))
+    assert all(np.isfinite(v).all() for v in out.values())
+    assert (w.loss is None) == (w.optimizer is None)
+    if w.loss is not None:
+        assert w.graph.nodes[w.graph.outputs[w.loss]].type.shape == ()
+    again = WL.WORKLOADS[name](scale=1 / 32)
+    assert again.graph.fingerprint() == w.graph.fingerprint()
+    for k in w.feeds:
+        np.testing.assert_array_equal(again.feeds[k], w.feeds[k])
+
+
+def test_workload_sizes_at_scale_one():
+    """Spot-check the sizes the issues name (graphs only; nothing is run)."""
+    def shape(w, name):
+        g = w.graph
+        return g.nodes[{**g.inputs, **g.params}[name]].type.shape
+    assert np.prod(shape(WL.ew_chain(), "x")) == 4 * 2**20
+    assert shape(WL.softmax(), "x") == shape(WL.layer_norm(), "x") == (4096, 1024)
+    assert shape(WL.gemm_bias_gelu(), "w") == (1024, 1024)
+    assert shape(WL.mnist_mlp_b1000(), "x") == (1000, 784)
+    assert shape(WL.mnist_cnn_b100(), "x") == (100, 784)
+    assert shape(WL.transformer_block(), "x") == (8, 128, 256)
+    assert sum(k.endswith(".weight") for k in WL.deep_mlp().graph.params) == 17
+    assert shape(WL.deep_mlp(), "fc0.weight") == (1024, 1024)
+
+
+def test_ew_chain_is_eight_elementwise_ops():
+    g = WL.ew_chain(scale=1 / 64).graph
+    assert sum(n.op not in ("param", "input") for n in g.nodes) == 8
+
+
+# ---- the suite runner (compiling stubbed out: that is the runtime's tests' job) ---------------
+class _FakeProgram:
+    """Unfused: 12 kernels, 40 ms; fused: 4 kernels, 10 ms. Checkpointing: "sqrt" peaks at
+    400 bytes (none: 1000), a budget at its bytes (feasible down to 500) and costs 2x time."""
+
+    def __init__(self, fuse=True, checkpoint=None):
+        self.fuse, self.time, self.arena = fuse, (0.01 if fuse else 0.04), 1000
+        if checkpoint == "sqrt":
+            self.arena = 400
+        elif checkpoint is not None:
+            self.arena = int(checkpoint.split(":")[1])
+            if self.arena < 500:
+                raise ValueError("infeasible budget; smallest feasible is 500")
+            self.time = 0.02
+
+    def stats(self):
+        return {"kernels": 4 if self.fuse else 12, "arena_bytes": self.arena,
+                "compile_seconds": 0.0}
+
+
+@pytest.fixture
+def fake_compile(monkeypatch):
+    monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
+    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup: [
+        {"median_s": p.time, "min_s": p.time} for p in progs])
+
+
+def test_time_steps_interleaves():
+    calls = []
+
+    class Prog:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self, **feeds):
+            calls.append((self.name, feeds))
+
+    res = bench.time_steps([Prog("a"), Prog("b")], {"x": 1}, repeat=3, warmup=1)
+    assert calls == [("a", {"x": 1}), ("b", {"x": 1})] * 4
+    assert all(0 <= r["min_s"] <= r["median_s"] for r in res) and len(res) == 2
+
+
+def test_run_suite_table_and_json(tmp_path, fake_compile, capsys):
+    path = tmp_path / "out.json"
+    assert bench.main(["--only", "softmax", "--quick", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    (row,) = data["fusion"]
+    assert row["workload"] == "softmax" and row["ratio"] == pytest.approx(4.0)
+    assert row["scale"] == bench.QUICK_SCALE
+    assert "threadpools" in data["environment"]
+    table = capsys.readouterr().out
+    assert "4.00x" in table and "12 -> 4" in table and "- -> -" in table   # no bytes_moved
+    assert not list(tmp_path.glob(".*tmp"))                               # atomic: no leftovers
+
+
+def test_checkpoint_curve_budgets(fake_compile, capsys):
+    rows = bench.checkpoint_curve(["deep_mlp"], quick=True, budgets=(0.75, 0.3))
+    assert [r["policy"] for r in rows] == ["none", "sqrt", "budget:750", "budget:300"]
+    assert rows[1]["peak_vs_none"] == pytest.approx(0.4)
+    assert rows[2]["peak_vs_none"] == pytest.approx(0.75) and rows[2]["time_vs_none"] == 2.0
+    assert "smallest feasible is 500" in rows[3]["error"]
+    out = capsys.readouterr().out
+    assert "budget:300 (30%)" in out and "40%" in out
+    assert bench.main(["--checkpoint-curve", "--quick", "--only", "deep_mlp"]) == 0
+
+
+def test_main_rejects_unknown_workload():
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "no_such_workload"])
+
+
+def test_failed_workload_is_reported(monkeypatch, capsys):
+    def broken(w, fuse=True, **options):
+        if fuse:
+            raise RuntimeError("fusion exploded")
+        return _FakeProgram(fuse=False)
+    monkeypatch.setattr(bench, "_compile", broken)
+    assert bench.main(["--only", "ew_chain", "--quick"]) == 1
+    assert "FAILED ew_chain: RuntimeError: fusion exploded" in capsys.readouterr().out
