@@ -1,0 +1,141 @@
+"""The compiler pipeline, as a list: (stage name, pass, enabled-by).
+
+Each stage takes the compilation state, replaces what it transforms and returns its Report.
+After every stage the state's IR is kept as text (`Program.ir(stage)`) and, when the environment
+variable JITGRAPH_DUMP names a directory, written to `<dir>/<stage>.txt`.
+
+Stages and their switches (jitgraph.compile arguments):
+  autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs
+  optimizer   when `optimizer` is given: appends the parameter update (needs `loss`)
+  simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
+  checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
+              passes/checkpoint.py); skipped with a report line if that pass is absent
+  fuse        always: groups nodes into kernels (`fuse=True` will enable real fusion once
+              that pass lands; today every configuration is one kernel per node)
+  memory      always: assigns buffers (`plan_memory=True` will enable reuse once that pass
+              lands; today every value has its own buffer)
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from .fuse import group_kernels
+from .memory import plan_memory
+from .report import Report
+
+
+@dataclass
+class Options:
+    loss: str | None = None
+    optimizer: object = None
+    fuse: bool = True
+    plan_memory: bool = True
+    checkpoint: object = None
+    param_slots: dict | None = None   # internal: place params in another program's region
+
+
+@dataclass
+class State:
+    graph: object
+    options: Options
+    kernels: object = None      # passes.fuse.KernelGraph
+    memory: object = None       # passes.memory.MemoryPlan
+    ir: dict = field(default_factory=dict)        # stage -> printed IR
+    reports: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)   # stage -> seconds
+
+
+def _autodiff(st):
+    from .autodiff import grad
+    st.graph, rep = grad(st.graph, st.options.loss)
+    return rep
+
+
+def _optimizer(st):
+    from .optimizer import apply_optimizer
+    st.graph, rep = apply_optimizer(st.graph, st.options.optimizer, st.options.loss)
+    return rep
+
+
+def _simplify(st):
+    try:
+        from .simplify import simplify
+    except ImportError:
+        return Report("simplify", {}, ["skipped: passes/simplify.py is not available"])
+    st.graph, rep = simplify(st.graph)
+    return rep
+
+
+def _checkpoint(st):
+    try:
+        from .checkpoint import checkpoint
+    except ImportError:
+        return Report("checkpoint", {}, ["ignored: passes/checkpoint.py is not available"])
+    st.graph, rep = checkpoint(st.graph, st.options.checkpoint, loss=st.options.loss or "loss")
+    return rep
+
+
+def _fuse(st):
+    st.kernels, rep = group_kernels(st.graph)
+    return rep
+
+
+def _memory(st):
+    st.memory, rep = plan_memory(st.kernels, st.options.param_slots)
+    return rep
+
+
+def _always(opts):
+    return True
+
+
+STAGES = [
+    ("autodiff", _autodiff, lambda o: o.loss is not None),
+    ("optimizer", _optimizer, lambda o: o.optimizer is not None),
+    ("simplify", _simplify, _always),
+    ("checkpoint", _checkpoint, lambda o: o.checkpoint is not None),
+    ("fuse", _fuse, _always),
+    ("memory", _memory, _always),
+]
+
+
+def _printed(stage, st):
+    if stage == "fuse":
+        return str(st.kernels)
+    if stage == "memory":
+        return st.memory.describe(st.graph)
+    return str(st.graph)
+
+
+def dump(stage: str, text: str) -> None:
+    d = os.environ.get("JITGRAPH_DUMP")
+    if d:
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"{stage}.txt"), "w") as f:
+            f.write(text + "\n")
+
+
+def run_pipeline(graph, options: Options) -> State:
+    if options.optimizer is not None and options.loss is None:
+        from jitgraph.types import ShapeError
+        raise ShapeError("compile: an optimizer needs loss=<output name> to differentiate")
+    st = State(graph, options)
+    st.ir["graph"] = str(graph)
+    dump("graph", st.ir["graph"])
+    for name, fn, enabled in STAGES:
+        if not enabled(options):
+            continue
+        t0 = time.perf_counter()
+        rep = fn(st)
+        st.timings[name] = time.perf_counter() - t0
+        st.reports.append(rep)
+        st.ir[name] = _printed(name, st) + "\n" + str(rep)
+        dump(name, st.ir[name])
+    return st
+
+
+def describe() -> str:
+    """The pipeline, one stage a line."""
+    return "\n".join(f"{name:<11} {fn.__name__}" for name, fn, _ in STAGES)

@@ -1,0 +1,120 @@
+"""The on-disk kernel cache: generated modules as real files named by a content hash.
+
+A module's name hashes its text together with the toolchain (numba, llvmlite, numpy, Python,
+host CPU) and this cache's format version; decorator options are part of the text, so a cached
+`parallel=False` kernel can never be mistaken for a `parallel=True` one (numba's own cache key
+ignores options). Files are compiled with numba `cache=True`, whose machine code lands in the
+`__pycache__` beside them, so a second process loads instead of compiling.
+
+Each file's first line is a checksum of the rest: a truncated or edited file is detected and
+rewritten, and its numba cache files are dropped. Layout: $JITGRAPH_CACHE_DIR (default
+~/.cache/jitgraph) / v<format> / {k,d}_<hash>.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+FORMAT = 1
+_CHECK = "# jitgraph-checksum: "
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("JITGRAPH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jitgraph")
+    d = Path(root) / f"v{FORMAT}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@lru_cache(maxsize=None)
+def toolchain() -> str:
+    import llvmlite
+    import numba
+    import numpy
+    from llvmlite import binding
+    return (f"jitgraph-cache {FORMAT}; numba {numba.__version__}; llvmlite {llvmlite.__version__}; "
+            f"numpy {numpy.__version__}; python {sys.version}; cpu {binding.get_host_cpu_name()}")
+
+
+def module_name(prefix: str, text: str) -> str:
+    digest = hashlib.sha256(f"{toolchain()}\n{text}".encode()).hexdigest()
+    return f"{prefix}_{digest[:24]}"
+
+
+def _checksum(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _is_valid(path: Path, text: str) -> bool:
+    try:
+        data = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    head, _, rest = data.partition("\n")
+    return head == _CHECK + _checksum(rest) and rest == text
+
+
+def purge(path: Path) -> None:
+    """Drop numba's cache files (index and machine code) for module `path`."""
+    for f in (path.parent / "__pycache__").glob(path.stem + ".*"):
+        try:
+            f.unlink()
+        except OSError:
+            pass
+
+
+def store(name: str, text: str) -> tuple[Path, bool]:
+    """Make sure module `name` holds `text` on disk; returns (path, True if it was (re)written).
+    Written atomically, so concurrent processes never see half a file."""
+    path = cache_dir() / f"{name}.py"
+    if _is_valid(path, text):
+        return path, False
+    purge(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(_CHECK + _checksum(text) + "\n" + text)
+    os.replace(tmp, path)
+    return path, True
+
+
+def load(path: Path, fresh: bool = False):
+    """Import a cached module (once per process unless `fresh`)."""
+    modname = f"jitgraph_cache.{path.stem}"
+    if not fresh and modname in sys.modules:
+        return sys.modules[modname]
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+COUNTS = Counter()   # kernels "compiled" and "loaded" (from numba's disk cache)
+
+
+def entry(driver_file: str, name: str, nargs: int):
+    """Load kernel module `name` beside a driver (compiling its cfunc, or loading it from numba's
+    cache), register its address as the symbol `jitgraph_<name>` and return the declaration
+    the driver calls it through (generated drivers call this at import)."""
+    from llvmlite import binding
+    from numba import types
+    from numba.np.ufunc.parallel import _launch_threads
+    _launch_threads()   # cached parallel kernels need the thread pool's symbols
+    modname = f"jitgraph_cache.{name}"
+    fn = getattr(load(Path(driver_file).parent / f"{name}.py"), name)
+    if modname not in _SEEN:
+        _SEEN.add(modname)
+        COUNTS["loaded" if fn.cache_hits else "compiled"] += 1
+    symbol = f"jitgraph_{name}"
+    binding.add_symbol(symbol, fn.address)
+    return types.ExternalFunction(symbol, types.void(*[types.intp] * nargs))
+
+
+_SEEN = set()

@@ -1,0 +1,143 @@
+"""CPU code generation: one C-callable entry module per kernel, one @njit driver per program.
+
+Every value is a view into one of two byte arrays — `arena` (per-step values) and `persist`
+(params and optimizer state) — at the offset the memory plan gave it. Each kernel is compiled
+as a numba `cfunc` that takes buffer addresses (shapes are constants), and the driver calls the
+kernels by symbol, in order, with base address + offset: a step is one Python->native call, and
+the driver never links the kernels' code into its own, so it compiles in a fraction of a second
+and each kernel is compiled (and cached) once whatever program uses it.
+Each call is preceded by the IR node it implements, so the source reads as an IR dump.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jitgraph.ops.registry import get_op
+from jitgraph.printer import format_node
+from jitgraph.types import TensorType
+
+from . import lower
+from .library_calls import library_call
+
+ENTRY_HEADER = '''"""jitgraph kernel (generated; the file name is a hash of this text and the toolchain)."""
+import math
+
+import numpy as np
+from numba import carray, cfunc, njit, prange, types
+
+from jitgraph.runtime.cpu.pointers import ptr
+'''
+
+
+@dataclass
+class Generated:
+    kernels: dict          # module name -> source text
+    driver: str            # driver module name
+    driver_source: str
+    n_calls: int           # kernel invocations per step
+    workspace_bytes: int   # scratch space the arena needs after the memory plan's values
+    calls: list            # (node id, kernel name, [(region, offset) per address]) in order
+
+
+def lower_node(graph, n):
+    """The Calls implementing node n; raises NotImplementedError when the CPU backend has no
+    lowering for the op."""
+    kind = get_op(n.op).kind
+    if kind == "elementwise":
+        return lower.elementwise(graph, n)
+    if kind == "reduce":
+        return lower.reduction(graph, n)
+    if kind == "gemm":
+        return lower.matmul(graph, n)
+    calls = library_call(graph, n)
+    if calls is None:
+        raise NotImplementedError(f"op {n.op} has no CPU lowering (node %{n.id}: "
+                                  f"{format_node(graph, n).strip()})")
+    return calls
+
+
+def entry_module(graph, call, name_of):
+    """(name, text, n_addresses) of the cfunc module running `call` on constant-shape buffers:
+    a generated kernel's body goes inline, a BLAS/library kernel is called."""
+    params, cargs = [], []
+    for a in call.args:
+        if isinstance(a, str):
+            cargs.append(a)
+            continue
+        params.append(f"p{len(params)}")
+        if isinstance(a, lower.Workspace):
+            shape, dt = (a.size,), a.dtype
+        else:
+            shape, dt = a[1], graph.nodes[a[0]].type.dtype
+        cargs.append(f"carray(ptr({params[-1]}), {lower.literal(tuple(shape))}, "
+                     f"{lower.NP_DTYPE[dt]})")
+    text = ENTRY_HEADER + "".join(ln + "\n" for ln in call.imports)
+    if call.source is None:
+        if call.func.startswith("gemm_"):
+            text += f"from jitgraph.runtime.cpu.blas import {call.func}\n"
+        elif call.func.startswith("lib."):
+            text += "from jitgraph.runtime.cpu import library as lib\n"
+        body = [f"{call.func}({', '.join(cargs)})"]
+    elif call.parallel:
+        # prange directly inside a cfunc ran only part of 1-D loops (numba 0.68): parallel
+        # bodies are @njit functions the cfunc calls
+        names, lines = call.source
+        text += '\n\n@njit(error_model="numpy", nogil=True, parallel=True)\n' + \
+            f"def body({', '.join(names)}):\n" + "".join(f"    {ln}\n" for ln in lines)
+        body = [f"body({', '.join(cargs)})"]
+    else:
+        names, lines = call.source
+        body = [f"{n} = {c}" for n, c in zip(names, cargs)] + list(lines)
+    sig = ", ".join(["types.intp"] * len(params))
+    text += f'\n\n@cfunc(types.void({sig}), cache=True, error_model="numpy")\n' + \
+        f"def KERNEL({', '.join(params)}):\n" + "".join(f"    {ln}\n" for ln in body)
+    name = name_of("k", text)
+    return name, text.replace("KERNEL", name), len(params)
+
+
+def generate(kg, plan, name_of) -> Generated:
+    """Kernel modules and driver source for a KernelGraph and its MemoryPlan."""
+    g = kg.graph
+    kernels, body, calls, work = {}, [], [], 0
+    work_at = -(-plan.arena_bytes // 64) * 64
+
+    def address(a):
+        nonlocal work
+        if isinstance(a, lower.Workspace):
+            work = max(work, a.size * TensorType(a.dtype, ()).np_dtype.itemsize)
+            return "arena", work_at
+        s = plan.slots[a[0]]
+        return s.region, s.offset
+
+    for k in kg.kernels:
+        for nid in k.nodes:
+            n = g.nodes[nid]
+            body.append("# " + format_node(g, n).strip())
+            for c in lower_node(g, n):
+                name, text, nargs = entry_module(g, c, name_of)
+                kernels[name] = (text, nargs)
+                addrs = [address(a) for a in c.args if not isinstance(a, str)]
+                calls.append((nid, name, addrs))
+                body.append(f"{name}({', '.join(_address(*a) for a in addrs)})")
+    for name, nid in plan.copies:
+        src, dst = plan.slots[nid], plan.params[name]
+        body.append(f"# update {name} <- {g.label(nid)} (copy)")
+        body.append(f"persist[{dst.offset}:{dst.offset + dst.nbytes}] = "
+                    f"{src.region}[{src.offset}:{src.offset + src.nbytes}]")
+    for name, nid in plan.inplace.items():
+        body.append(f"# update {name} <- %{nid} (written in place)")
+    head = [f'"""jitgraph driver for graph {g.name} (generated)."""', "import numpy as np",
+            "from numba import njit", "", "from jitgraph.runtime.cache import entry", ""]
+    head += [f'{k} = entry(__file__, "{k}", {nargs})' for k, (_, nargs) in sorted(kernels.items())]
+    body = ["a = np.int64(arena.ctypes.data)", "p = np.int64(persist.ctypes.data)"] + body
+    text = "\n".join(head) + "\n\n\n" + '@njit(cache=True, error_model="numpy", nogil=True)\n' + \
+        "def DRIVER(arena, persist):\n" + "\n".join("    " + ln for ln in body) + "\n"
+    driver = name_of("d", text)
+    work_bytes = work_at + work - plan.arena_bytes if work else 0
+    return Generated({k: t for k, (t, _) in kernels.items()}, driver,
+                     text.replace("DRIVER", driver), len(calls), work_bytes, calls)
+
+
+def _address(region, offset):
+    base = "a" if region == "arena" else "p"
+    return f"{base} + {offset}" if offset else base

@@ -1,0 +1,291 @@
+"""Lowering of one IR node to numba source (or to a call of an existing kernel).
+
+Each lowering returns `Call`s: the callee, its arguments as (node id, shape) views or literals,
+and — for generated kernels — the kernel's source with the placeholder name KERNEL. Generated
+kernels read their sizes from the arrays, so equal code (same op, pattern and dtypes) is one
+kernel whatever the shapes; only the parallel decision depends on the size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from jitgraph.ops.registry import get_op
+
+# A kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, where cost
+# is 1 + the number of math calls and divisions in its expression. Measured on the 2-core machine
+# with the default OMP_WAIT_POLICY=PASSIVE (a parallel launch costs ~65 us): a memory-bound f32
+# add ran serial/parallel 8.5/65 us at 64k elements, 35/65-105 us at 256k, 157/120-220 us at 1M
+# (parallel wins from ~1M); an Adam update (sqrt + division) 57/70 us at 64k, 113/103 us at
+# 128k, 335/231 us at 392k, 903/515 us at 1M (parallel wins from ~128k).
+PARALLEL_MIN_WORK = 1 << 19
+
+NP_DTYPE = {"f32": "np.float32", "f64": "np.float64", "i32": "np.int32"}
+
+
+@dataclass
+class Call:
+    func: str                       # callee in the driver: "KERNEL" (the generated one) or a name
+    args: list                      # (node id, shape) views, Workspace, or literal strings
+    source: tuple | None = None     # generated kernel: (parameter names, body lines); the
+                                    # parameters bind to `args` in order
+    parallel: bool = False
+    imports: tuple = field(default_factory=tuple)   # extra import lines for the kernel module
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A scratch-buffer argument: `size` elements of `dtype`, contents undefined on entry."""
+    size: int
+    dtype: str
+
+
+def literal(v) -> str:
+    """A Python literal for an attribute value (floats keep full precision; inf/nan spelled)."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "math.nan"
+        if math.isinf(v):
+            return "math.inf" if v > 0 else "-math.inf"
+        return repr(v)
+    if isinstance(v, bool):
+        return repr(v)
+    if isinstance(v, tuple):
+        return "(" + ", ".join(literal(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    return repr(v)
+
+
+def _kernel(params, lines):
+    return tuple(params), tuple(lines)
+
+
+def _range(parallel):
+    return "prange" if parallel else "range"
+
+
+# ---- elementwise --------------------------------------------------------------------------
+def collapse(out_shape, in_shapes):
+    """Merge adjacent axes with the same broadcast pattern and drop size-1 output axes.
+
+    Returns (collapsed output shape, [per-input tuple of bools: True where the input is full]).
+    Always at least one axis.
+    """
+    nd = len(out_shape)
+    pats = []   # per kept axis: (size, tuple of full flags)
+    for ax, d in enumerate(out_shape):
+        if d == 1:
+            continue
+        flags = tuple(ax - (nd - len(s)) >= 0 and s[ax - (nd - len(s))] == d for s in in_shapes)
+        if pats and pats[-1][1] == flags:
+            pats[-1] = (pats[-1][0] * d, flags)
+        else:
+            pats.append((d, flags))
+    if not pats:
+        pats = [(1, tuple(True for _ in in_shapes))]
+    shape = tuple(d for d, _ in pats)
+    full = [tuple(f[j] for _, f in pats) for j in range(len(in_shapes))]
+    return shape, full
+
+
+def elementwise(graph, n):
+    opdef = get_op(n.op)
+    ins = [graph.nodes[i] for i in n.inputs]
+    shape, full = collapse(n.type.shape, [x.type.shape for x in ins])
+    k = len(shape)
+    names = [f"x{j}" for j in range(len(ins))]
+    attrs = {a: literal(v) for a, v in n.attrs}
+    expr = opdef.expr.format(*names, **attrs)
+    cost = 1 + expr.count("math.") + expr.count("/")
+    par = n.type.size * cost >= PARALLEL_MIN_WORK and shape[0] > 1
+    idx = [f"i{ax}" for ax in range(k)]
+    loads = {}    # loop level -> load lines
+    for j, f in enumerate(full):
+        level = max([ax + 1 for ax in range(k) if f[ax]], default=0)
+        sub = ", ".join(idx[ax] if f[ax] else "0" for ax in range(k))
+        loads.setdefault(level, []).append(f"x{j} = a{j}[{sub}]")
+    lines = [f"{', '.join(f'n{ax}' for ax in range(k))}, = out.shape"]
+    lines += loads.get(0, [])
+    for ax in range(k):
+        rng = _range(par) if ax == 0 else "range"
+        lines.append("    " * ax + f"for i{ax} in {rng}(n{ax}):")
+        lines += ["    " * (ax + 1) + ln for ln in loads.get(ax + 1, [])]
+    lines.append("    " * k + f"out[{', '.join(idx)}] = {NP_DTYPE[n.type.dtype]}({expr})")
+    args = [(x.id, tuple(d if f[ax] else 1 for ax, d in enumerate(shape)))
+            for x, f in zip(ins, full)] + [(n.id, shape)]
+    src = _kernel([f"a{j}" for j in range(len(ins))] + ["out"], lines)
+    return [Call("KERNEL", args, src, par)]
+
+
+# ---- reductions ---------------------------------------------------------------------------
+def reduce_pattern(shape, axes):
+    """Collapse to alternating kept ('K') / reduced ('R') axes; size-1 axes dropped."""
+    pats = []
+    for ax, d in enumerate(shape):
+        if d == 1:
+            continue
+        kind = "R" if ax in axes else "K"
+        if pats and pats[-1][1] == kind:
+            pats[-1] = (pats[-1][0] * d, kind)
+        else:
+            pats.append((d, kind))
+    return pats or [(1, "K")]
+
+
+def reduction(graph, n):
+    x = graph.nodes[n.inputs[0]]
+    a = n.attr
+    if n.op == "count_equal":
+        return [_count_equal(graph, n)]
+    axes = (a["axis"],) if n.op == "argmax" else a["axes"]
+    if not axes:
+        # nothing reduced: the value is its operand (the references copy it)
+        return elementwise_copy(n, x)
+    pats = reduce_pattern(x.type.shape, axes)
+    xshape = tuple(d for d, _ in pats)
+    kept = [ax for ax, (_, kd) in enumerate(pats) if kd == "K"]
+    red = [ax for ax, (_, kd) in enumerate(pats) if kd == "R"]
+    oshape = tuple(pats[ax][0] for ax in kept) or (1,)
+    cost = 2 if n.op == "logsumexp" else 1
+    par = x.type.size * cost >= PARALLEL_MIN_WORK and bool(kept) and kept[0] == 0 and xshape[0] > 1
+    if not red:   # every reduced axis had size 1
+        return fill(n, 0) if n.op == "argmax" else elementwise_copy(n, x)
+    memory_order = pats[-1][1] == "K" and n.op in ("sum", "mean", "max")
+    lines = (_reduce_memory_order if memory_order else _reduce_rows)(n, xshape, kept, red, par)
+    src = _kernel(["x", "out"], lines)
+    return [Call("KERNEL", [(x.id, xshape), (n.id, oshape)], src, par)]
+
+
+def fill(n, value):
+    lines = ["for i in range(out.shape[0]):", f"    out[i] = {value}"]
+    return [Call("KERNEL", [(n.id, (max(n.type.size, 1),))], _kernel(["out"], lines))]
+
+
+def elementwise_copy(n, x):
+    shape = (max(n.type.size, 1),)
+    lines = ["for i in range(out.shape[0]):", "    out[i] = x[i]"]
+    return [Call("KERNEL", [(x.id, shape), (n.id, shape)], _kernel(["x", "out"], lines))]
+
+
+def _loops(axes, par, depth):
+    lines = []
+    for j, ax in enumerate(axes):
+        rng = _range(par) if (j == 0 and depth == 0 and ax == 0) else "range"
+        lines.append("    " * (depth + j) + f"for i{ax} in {rng}(n{ax}):")
+    return lines
+
+
+def _reduce_rows(n, xshape, kept, red, par):
+    """Kept axes outer, reduced axes inner, scalar accumulator (best when the last axis is
+    reduced)."""
+    nd = len(xshape)
+    X = "x[" + ", ".join(f"i{ax}" for ax in range(nd)) + "]"
+    X0 = "x[" + ", ".join("0" if ax in red else f"i{ax}" for ax in range(nd)) + "]"
+    O = "out[" + (", ".join(f"i{ax}" for ax in kept) if kept else "0") + "]"
+    cast = NP_DTYPE[n.type.dtype]
+    count = " * ".join(f"n{ax}" for ax in red)
+    lines = [", ".join(f"n{ax}" for ax in range(nd)) + ", = x.shape"]
+    lines += _loops(kept, par, 0)
+    d = len(kept)
+    pad = "    " * d
+    inner = _loops(red, False, d)
+    ipad = "    " * (d + len(red))
+    if n.op in ("sum", "mean"):
+        lines += [pad + "acc = 0.0" if n.type.is_float else pad + "acc = 0"] + inner
+        lines += [ipad + f"acc += {X}"]
+        lines += [pad + f"{O} = {cast}(acc / ({count}))" if n.op == "mean" else pad + f"{O} = {cast}(acc)"]
+    elif n.op == "max":
+        lines += [pad + f"acc = {X0}"] + inner + [ipad + f"v = {X}", ipad + "if v > acc:",
+                                                  ipad + "    acc = v", pad + f"{O} = acc"]
+    elif n.op == "argmax":
+        (r,) = red
+        lines += [pad + f"best = {X0}", pad + "bi = 0"] + inner
+        lines += [ipad + f"v = {X}", ipad + "if v > best:", ipad + "    best = v",
+                  ipad + f"    bi = i{r}", pad + f"{O} = bi"]
+    elif n.op == "logsumexp":
+        lines += [pad + f"m = {X0}"] + inner + [ipad + f"v = {X}", ipad + "if v > m:",
+                                                ipad + "    m = v"]
+        lines += [pad + "if not math.isfinite(m):", pad + "    m = 0.0", pad + "s = 0.0"]
+        lines += inner + [ipad + f"s += math.exp({X} - m)", pad + f"{O} = {cast}(math.log(s) + m)"]
+    else:   # pragma: no cover - reduction() only routes the ops above here
+        raise AssertionError(n.op)
+    return lines
+
+
+def _reduce_memory_order(n, xshape, kept, red, par):
+    """Loops in memory order accumulating into `out` (best when the last axis is kept)."""
+    nd = len(xshape)
+    X = "x[" + ", ".join(f"i{ax}" for ax in range(nd)) + "]"
+    X0 = "x[" + ", ".join("0" if ax in red else f"i{ax}" for ax in range(nd)) + "]"
+    O = "out[" + ", ".join(f"i{ax}" for ax in kept) + "]"
+    lines = [", ".join(f"n{ax}" for ax in range(nd)) + ", = x.shape"]
+    kpad = "    " * len(kept)
+    lines += _loops(kept, par, 0) + [kpad + f"{O} = {X0 if n.op == 'max' else '0'}"]
+    apad = "    " * nd
+    lines += _loops(list(range(nd)), par, 0)
+    if n.op == "max":
+        lines += [apad + f"v = {X}", apad + f"if v > {O}:", apad + f"    {O} = v"]
+    else:
+        lines += [apad + f"{O} += {X}"]
+    if n.op == "mean":
+        count = " * ".join(f"n{ax}" for ax in red)
+        lines += _loops(kept, par, 0) + [kpad + f"{O} = {O} / ({count})"]
+    return lines
+
+
+def _count_equal(graph, n):
+    x, y = (graph.nodes[i] for i in n.inputs)
+    flat = (x.type.size,)
+    lines = ["c = 0", "for i in range(x.shape[0]):", "    if x[i] == y[i]:", "        c += 1",
+             "out[0] = c"]
+    return Call("KERNEL", [(x.id, flat), (y.id, flat), (n.id, (1,))],
+                _kernel(["x", "y", "out"], lines))
+
+
+# ---- matmul -------------------------------------------------------------------------------
+def matmul(graph, n):
+    """2-D (or batched x with a 2-D w folded into rows): one direct GEMM call from the driver;
+    otherwise a generated loop over the broadcast batch calling GEMM per matrix."""
+    x, w = (graph.nodes[i] for i in n.inputs)
+    ta, tb = n.attr["ta"], n.attr["tb"]
+    gemm = "gemm_" + n.type.dtype
+    xs, ws, os_ = x.type.shape, w.type.shape, n.type.shape
+    head = [literal(ta), literal(tb), "1.0"]
+    if len(ws) == 2 and (len(xs) == 2 or not ta):
+        rows = n.type.size // os_[-1] if os_[-1] else _prod(os_[:-1])
+        xv = (x.id, xs if len(xs) == 2 else (rows, xs[-1]))
+        return [Call(gemm, [*head, xv, (w.id, ws), "0.0", (n.id, (rows, os_[-1]))])]
+    ob = os_[:-2]
+    nb = _prod(ob)
+    lines = [f"for b in range({nb}):"]
+    for nm, shape in (("bx", xs), ("bw", ws)):
+        lines += ["    " + ln for ln in _batch_index(nm, ob, shape[:-2])]
+    lines += ["    " + f"{gemm}(ta, tb, 1.0, x[bx], w[bw], 0.0, out[b])"]
+    src = _kernel(["ta", "tb", "x", "w", "out"], lines)
+    args = [literal(ta), literal(tb), (x.id, (_prod(xs[:-2]),) + xs[-2:]),
+            (w.id, (_prod(ws[:-2]),) + ws[-2:]), (n.id, (nb,) + os_[-2:])]
+    imp = (f"from jitgraph.runtime.cpu.blas import {gemm}",)
+    return [Call("KERNEL", args, src, False, imp)]
+
+
+def _prod(shape):
+    p = 1
+    for d in shape:
+        p *= d
+    return p
+
+
+def _batch_index(name, out_batch, batch):
+    """Lines computing `name`, the flat batch index into an operand with batch shape `batch`
+    (right-aligned, broadcast over size-1 axes) for flat output batch index b."""
+    if tuple(batch) == tuple(out_batch):
+        return [f"{name} = b"]
+    lines, stride, lead = [f"{name} = 0", "r = b"], 1, len(out_batch) - len(batch)
+    for ax in reversed(range(len(out_batch))):
+        d = out_batch[ax]
+        lines += [f"j = r % {d}", f"r //= {d}"]
+        bax = ax - lead
+        if bax >= 0 and batch[bax] != 1:
+            lines.append(f"{name} += j * {stride}")
+        if bax >= 0:
+            stride *= batch[bax]
+    return lines

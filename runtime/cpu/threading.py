@@ -1,0 +1,42 @@
+"""Thread settings for numba's parallel kernels next to OpenBLAS's GEMM threads.
+
+Must run before numba starts its thread pool (jitgraph imports numba only when compiling, and
+calls `configure()` first; libgomp reads OMP_WAIT_POLICY when the pool starts). Every setting respects a value the user already exported:
+
+  JITGRAPH_NUM_THREADS   threads for parallel kernels and BLAS (default: all cores); copied
+                         into NUMBA_NUM_THREADS and OPENBLAS_NUM_THREADS when those are unset
+  NUMBA_THREADING_LAYER  default "omp" (GNU OpenMP): ~1-2 us per parallel launch, against
+                         ~75 us for "workqueue"
+  OMP_WAIT_POLICY        default "PASSIVE": with the OpenMP default (active spinning) idle
+                         OpenMP threads spin after each parallel kernel and starve OpenBLAS's
+                         threads (a GEMM after a prange kernel ran 3x slower; whole MLP steps
+                         10-16x slower, DESIGN.md). Passive makes each launch costlier, which
+                         is why small kernels run serially (lower.PARALLEL_MIN_WORK).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+DEFAULTS = {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def configure() -> dict:
+    """Set the defaults above for variables the user left unset; returns the effective values."""
+    env = os.environ
+    n = env.get("JITGRAPH_NUM_THREADS")
+    if n:
+        env.setdefault("NUMBA_NUM_THREADS", n)
+        env.setdefault("OPENBLAS_NUM_THREADS", n)
+    pool = sys.modules.get("numba.np.ufunc.parallel")
+    if pool is not None and pool._is_initialized and env.get("OMP_WAIT_POLICY") is None:
+        warnings.warn("jitgraph: numba's thread pool started before jitgraph configured "
+                      "threading; set OMP_WAIT_POLICY=PASSIVE yourself to keep BLAS threads "
+                      "from starving", RuntimeWarning, stacklevel=3)
+    if "numba" in sys.modules and "NUMBA_THREADING_LAYER" not in env:
+        sys.modules["numba"].config.THREADING_LAYER = DEFAULTS["NUMBA_THREADING_LAYER"]
+    for k, v in DEFAULTS.items():
+        env.setdefault(k, v)
+    keys = ("NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY", "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    return {k: env.get(k) for k in keys}

@@ -1,0 +1,256 @@
+"""The static executor: buffers allocated once, one native driver call per step.
+
+A Program owns two byte arrays: the arena (inputs, activations, gradients: every per-step
+value at its memory-plan offset) and the persistent region (params and optimizer state). `step`
+copies the inputs into their slots, feeds the optimizer's per-step scalars (`opt/lr`,
+`opt/step`, `opt/apply`), calls the driver once and returns fresh copies of the outputs.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import MutableMapping
+
+import numpy as np
+
+from jitgraph.passes.fuse import live_nodes
+from jitgraph.passes.pipeline import Options, dump, run_pipeline
+from jitgraph.types import ShapeError
+
+from . import cache
+from .cpu.codegen import generate
+
+ALIGN = 64
+
+
+def _aligned_bytes(n):
+    buf = np.zeros(n + ALIGN, np.uint8)
+    off = (-buf.ctypes.data) % ALIGN
+    return buf[off:off + n]
+
+
+def _view(region, slot, t):
+    return region[slot.offset:slot.offset + slot.nbytes].view(t.np_dtype).reshape(t.shape)
+
+
+def _compile_driver(gen, fresh=False):
+    """Write the modules, import the driver (which loads or compiles every kernel) and compile
+    or load the driver itself; returns the driver dispatcher."""
+    from numba import types
+    for name, text in gen.kernels.items():
+        path, _ = cache.store(name, text)
+        if fresh:
+            cache.load(path, fresh=True)
+    dpath, _ = cache.store(gen.driver, gen.driver_source)
+    driver = getattr(cache.load(dpath, fresh), gen.driver)
+    region = types.Array(types.uint8, 1, "C")
+    driver.compile((region, region))
+    return driver
+
+
+def build(graph, options: Options):
+    """Pipeline + codegen + numba: returns (pipeline state, generated code, driver, stats)."""
+    t0 = time.perf_counter()
+    st = run_pipeline(graph, options)
+    t1 = time.perf_counter()
+    gen = generate(st.kernels, st.memory, cache.module_name)
+    st.ir["kernels"] = gen.driver_source + "\n\n" + "\n\n".join(gen.kernels.values())
+    dump("kernels", st.ir["kernels"])
+    t2 = time.perf_counter()
+    before = dict(cache.COUNTS)
+    reused = sum(f"jitgraph_cache.{k}" in sys.modules for k in gen.kernels)
+    try:
+        driver = _compile_driver(gen)
+    except Exception:
+        # A corrupt or stale numba cache entry: drop the machine code, rebuild from source once.
+        for name in [gen.driver, *gen.kernels]:
+            cache.purge(cache.cache_dir() / f"{name}.py")
+        driver = _compile_driver(gen, fresh=True)
+    counts = {k: cache.COUNTS[k] - before.get(k, 0) for k in ("compiled", "loaded")}
+    dhits = sum(driver.stats.cache_hits.values())
+    t3 = time.perf_counter()
+    stats = {"kernels": len(st.kernels.kernels), "kernel_functions": len(gen.kernels),
+             "calls_per_step": gen.n_calls, "kernels_compiled": counts["compiled"],
+             "kernels_loaded": counts["loaded"], "kernels_reused": reused,
+             "driver_cached": bool(dhits), "compile_seconds": t3 - t0, "numba_seconds": t3 - t2,
+             "stage_seconds": {**st.timings, "lower": t2 - t1},
+             "arena_bytes": st.memory.arena_bytes, "workspace_bytes": gen.workspace_bytes,
+             "persistent_bytes": st.memory.persist_bytes,
+             "cache_dir": str(cache.cache_dir())}
+    return st, gen, driver, stats
+
+
+class ArrayMap(MutableMapping):
+    """Named arrays living in a program's persistent region. Reading returns a copy (so later
+    steps never change an array you hold); assigning validates shape and dtype, then copies in."""
+
+    def __init__(self, views: dict, what: str):
+        self._views, self._what = views, what
+
+    def __getitem__(self, name):
+        return self._view(name).copy()
+
+    def __setitem__(self, name, value):
+        v = self._view(name)
+        a = np.asarray(value)
+        if a.shape != v.shape or not np.can_cast(a.dtype, v.dtype, "same_kind"):
+            raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {_typestr(a)}")
+        np.copyto(v, a, casting="same_kind")
+
+    def _view(self, name):
+        try:
+            return self._views[name]
+        except KeyError:
+            raise KeyError(f"no {self._what} {name!r}; expected one of {', '.join(self._views)}") \
+                from None
+
+    def __delitem__(self, name):
+        raise TypeError(f"cannot delete {self._what} {name!r} from a compiled program")
+
+    def __iter__(self):
+        return iter(self._views)
+
+    def __len__(self):
+        return len(self._views)
+
+
+def _typestr(a):
+    return f"{a.dtype}[{','.join(map(str, a.shape))}]"
+
+
+class Program:
+    """A compiled graph. `step(**inputs)` runs it once (a training step when compiled with an
+    optimizer) and returns its outputs as fresh numpy arrays."""
+
+    def __init__(self, source, options: Options, *, seed=0, check_finite=False, persist=None):
+        self.source = source
+        self.options = options
+        self.check_finite = check_finite
+        self._state, self._gen, self._driver, self._stats = build(source, options)
+        g, plan = self._state.graph, self._state.memory
+        self.graph = g
+        self._arena = _aligned_bytes(plan.arena_bytes + self._gen.workspace_bytes)
+        owner = persist is None
+        self._persist = _aligned_bytes(plan.persist_bytes) if owner else persist
+        self._param_views = {k: _view(self._persist, plan.params[k], g.nodes[i].type)
+                             for k, i in g.params.items()}
+        if owner:
+            for k, v in g.init_params(seed).items():
+                self._param_views[k][...] = v
+        opt = options.optimizer
+        self._runtime = set(opt.runtime_inputs(0)) if opt is not None else set()
+        live = live_nodes(g)
+        self._inputs = {k: _view(self._arena, plan.slots[i], g.nodes[i].type)
+                        for k, i in g.inputs.items() if i in live and k not in self._runtime}
+        self._runtime_views = {k: _view(self._arena, plan.slots[g.inputs[k]],
+                                        g.nodes[g.inputs[k]].type)
+                               for k in self._runtime if g.inputs.get(k) in live}
+        names = [k for k in g.outputs if opt is None or k in source.outputs]
+        self._outputs = {k: _view(self._arena if plan.slots[g.outputs[k]].region == "arena"
+                                  else self._persist, plan.slots[g.outputs[k]],
+                                  g.nodes[g.outputs[k]].type) for k in names}
+        user = [k for k in source.params]
+        self.params = ArrayMap({k: self._param_views[k] for k in user}, "param")
+        self.state = ArrayMap({k: v for k, v in self._param_views.items() if k not in user},
+                              "state")
+        self.calls = 0
+
+    # ---- running ------------------------------------------------------------------------
+    def _feed(self, inputs):
+        for name, value in inputs.items():
+            view = self._inputs.get(name)
+            if view is None:
+                if name in self.graph.inputs:
+                    continue    # declared but unused by these outputs
+                raise ShapeError(f"graph {self.graph.name}: unknown input {name!r}; expected "
+                                 f"{', '.join(self._inputs) or 'none'}")
+            a = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if a.shape != view.shape:
+                raise ShapeError(f"input {name}: expected shape {_typestr(view)}, got "
+                                 f"{_typestr(a)}")
+            if a.dtype != view.dtype and a.dtype.kind != view.dtype.kind and \
+                    not (view.dtype.kind == "f" and a.dtype.kind in "iu"):
+                raise ShapeError(f"input {name}: expected dtype {view.dtype}, got {a.dtype}")
+            np.copyto(view, a, casting="unsafe")
+        if len(inputs) < len(self._inputs):
+            missing = [k for k in self._inputs if k not in inputs]
+            if missing:
+                raise ShapeError(f"graph {self.graph.name}: missing input "
+                                 f"{', '.join(missing)}")
+
+    def step(self, **inputs) -> dict:
+        self._feed(inputs)
+        if self._runtime_views:
+            for k, v in self.options.optimizer.runtime_inputs(self.calls).items():
+                if k in self._runtime_views:
+                    self._runtime_views[k][...] = v
+        self._driver(self._arena, self._persist)
+        self.calls += 1
+        out = {k: v.copy() for k, v in self._outputs.items()}
+        if self.check_finite:
+            for k, v in out.items():
+                if v.dtype.kind == "f" and not np.isfinite(v).all():
+                    raise FloatingPointError(f"step {self.calls}: output {k} is not finite "
+                                             f"({np.count_nonzero(~np.isfinite(v))} NaN/Inf)")
+        return out
+
+    run = step
+
+    # ---- inspection ---------------------------------------------------------------------
+    def ir(self, stage: str = "kernels") -> str:
+        try:
+            return self._state.ir[stage]
+        except KeyError:
+            raise KeyError(f"no IR for stage {stage!r}; this program has "
+                           f"{', '.join(self._state.ir)}") from None
+
+    def stats(self) -> dict:
+        return {**self._stats, "steps": self.calls}
+
+    def evaluator(self) -> "Evaluator":
+        """Forward-only program for the source graph's outputs, sharing this program's params."""
+        return Evaluator(self)
+
+
+class Evaluator:
+    """Runs the source graph's outputs with the parameters of a training program. Outputs that
+    need inputs not given to `run` are left out (so `run(x=...)` gives logits without labels);
+    each distinct set of given inputs compiles once."""
+
+    def __init__(self, prog: Program):
+        self._prog = prog
+        self._programs = {}
+
+    def run(self, **inputs) -> dict:
+        key = frozenset(inputs)
+        p = self._programs.get(key)
+        if p is None:
+            p = self._programs[key] = self._compile(key)
+        return p.step(**inputs)
+
+    def _compile(self, given):
+        src = self._prog.source
+        g = src.copy(src.name + "_eval")
+        g.updates = {}
+        inputs_of = {k: {n for n in live_nodes(_only(src, k)) if src.nodes[n].op == "input"}
+                     for k in src.outputs}
+        given_ids = {src.inputs[k] for k in given if k in src.inputs}
+        g.outputs = {k: i for k, i in src.outputs.items() if inputs_of[k] <= given_ids}
+        if not g.outputs:
+            need = {src.nodes[n].attr["name"] for s in inputs_of.values() for n in s} - set(given)
+            raise ShapeError(f"graph {src.name}: no output can be computed from inputs "
+                             f"{', '.join(sorted(given)) or 'none'}; missing "
+                             f"{', '.join(sorted(need))}")
+        prog = self._prog
+        opts = Options(param_slots=prog._state.memory.params)
+        return Program(g, opts, persist=prog._persist)
+
+    def stats(self) -> dict:
+        return {"programs": len(self._programs)}
+
+
+def _only(graph, output):
+    g = graph.copy()
+    g.outputs = {output: graph.outputs[output]}
+    g.updates = {}
+    return g

@@ -1,0 +1,17 @@
+"""Shared fixtures: compiled programs use a kernel cache in a session-wide temporary directory
+(never the user's ~/.cache/jitgraph), reused by every test of the session."""
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jitgraph_cache_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("jitgraph_cache")
+    old = os.environ.get("JITGRAPH_CACHE_DIR")
+    os.environ["JITGRAPH_CACHE_DIR"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("JITGRAPH_CACHE_DIR", None)
+    else:
+        os.environ["JITGRAPH_CACHE_DIR"] = old

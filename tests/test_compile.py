@@ -1,0 +1,254 @@
+"""jg.compile end to end: training steps match the interpreter step for step; the Program API."""
+import os
+
+import numpy as np
+import pytest
+
+import jitgraph as jg
+from jitgraph.ops.registry import OPS, register
+from jitgraph.types import ShapeError, TensorType
+
+RTOL, ATOL = 2e-4, 2e-5   # float32 after several steps (BLAS vs numpy summation order)
+
+
+def mlp(batch=16, n_in=13, hidden=11, n_out=5, labels=True):
+    g = jg.Graph("mlp")
+    x = g.input("x", (batch, n_in))
+    y = g.input("y", (batch,), "i32") if labels else g.input("y", (batch, n_out))
+    w1 = g.param("w1", (n_in, hidden), init=jg.init.he_normal())
+    b1 = g.param("b1", (hidden,), init=jg.init.normal(0.0, 0.1))
+    w2 = g.param("w2", (hidden, n_out), init=jg.init.he_normal())
+    b2 = g.param("b2", (n_out,))
+    logits = jg.relu(x @ w1 + b1) @ w2 + b2
+    loss = jg.cross_entropy(logits, y) if labels else jg.mean(jg.sqr(logits - y))
+    g.output(loss=loss, logits=logits)
+    return g
+
+
+def batches(g, n, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        b = {}
+        for name, nid in g.inputs.items():
+            t = g.nodes[nid].type
+            if name == "y" and t.dtype == "i32":
+                b[name] = rng.integers(0, 5, t.shape).astype(np.int32)
+            elif name == "tok":
+                b[name] = rng.integers(0, 11, t.shape).astype(np.int32)
+            elif name == "pos":
+                b[name] = np.arange(t.shape[0], dtype=np.int32)
+            else:
+                b[name] = rng.standard_normal(t.shape).astype(t.np_dtype)
+        out.append(b)
+    return out
+
+
+def assert_close(a, b, what):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+def train_and_compare(g, opt, steps=4):
+    """Compiled training steps vs jg.training_graph run by the interpreter, step for step."""
+    prog = jg.compile(g, loss="loss", optimizer=opt)
+    tg = jg.training_graph(g, loss="loss", optimizer=opt)
+    state = tg.init_params(0)
+    for k in prog.params:
+        assert_close(prog.params[k], state[k], f"initial {k}")
+    for i, b in enumerate(batches(g, steps)):
+        got = prog.step(**b)
+        ref = jg.interp.run(tg, {**b, **opt.runtime_inputs(i)}, state)
+        for k in g.outputs:
+            assert_close(got[k], ref[k], f"step {i} output {k}")
+        for k in prog.params:
+            assert_close(prog.params[k], state[k], f"step {i} param {k}")
+        for k in prog.state:
+            assert_close(prog.state[k], state[k], f"step {i} state {k}")
+    return prog
+
+
+def sgd_by_hand(lr=0.1):
+    """An MLP whose update is written with Graph.update (no optimizer pass)."""
+    g = jg.grad(mlp(labels=False), "loss")
+    for p in ("w1", "b1", "w2", "b2"):
+        g.update(**{p: g.tensor(g.params[p]) - g.tensor(g.outputs[f"grad/{p}"]) * lr})
+    return g
+
+
+def test_hand_written_sgd_matches_interpreter_step_for_step():
+    g = sgd_by_hand()
+    prog = jg.compile(g)
+    params = g.init_params(0)
+    for i, b in enumerate(batches(g, 5)):
+        got = prog.step(**b)
+        ref = jg.interp.run(g, b, params)
+        assert_close(got["loss"], ref["loss"], f"loss step {i}")
+        for k in params:
+            assert_close(prog.params[k], params[k], f"{k} step {i}")
+    assert prog.stats()["steps"] == 5
+
+
+def test_grad_only_program_returns_gradients():
+    g = mlp()
+    prog = jg.compile(g, loss="loss")
+    b = batches(g, 1)[0]
+    got = prog.step(**b)
+    ref = jg.interp.run(jg.grad(g, "loss"), b, g.init_params(0))
+    assert {"grad/w1", "grad/b2", "loss"} <= set(got)
+    for k in ref:
+        assert_close(got[k], ref[k], k)
+
+
+@pytest.mark.slow
+def test_adamw_mlp_matches_interpreter():
+    train_and_compare(mlp(), jg.optim.AdamW(lr=1e-2))
+
+
+@pytest.mark.slow
+def test_cnn_block_matches_interpreter():
+    g = jg.Graph("cnn")
+    x, y = g.input("x", (3, 2, 9, 9)), g.input("y", (3,), "i32")
+    k = g.param("k", (4, 2, 3, 3), init=jg.init.he_normal())
+    w = g.param("w", (4 * 4 * 4, 5), init=jg.init.he_normal())
+    h = jg.max_pool2d(jg.relu(jg.conv2d(x, k, padding=1)), 2)
+    h = jg.avg_pool2d(h, 1)
+    logits = jg.reshape(h, (3, 64)) @ w
+    g.output(loss=jg.cross_entropy(logits, y))
+    train_and_compare(g, jg.optim.SGD(lr=0.05, momentum=0.9), steps=3)
+
+
+@pytest.mark.slow
+def test_attention_block_matches_interpreter():
+    T, D, V = 6, 8, 11
+    g = jg.Graph("attn")
+    tok, pos, y = g.input("tok", (T,), "i32"), g.input("pos", (T,), "i32"), g.input("y", (T,), "i32")
+    emb = g.param("emb", (V, D), init=jg.init.normal(0.0, 0.5))
+    wq, wk, wv = (g.param(n, (D, D), init=jg.init.glorot_uniform()) for n in ("wq", "wk", "wv"))
+    wo = g.param("wo", (D, 5), init=jg.init.glorot_uniform())
+    h = jg.rms_norm(jg.get_rows(emb, tok))
+    def heads(t):
+        return jg.reshape(t, (T, 2, D // 2))
+    q, k = jg.rope(heads(h @ wq), pos), jg.rope(heads(h @ wk), pos)
+    v = jg.permute(heads(h @ wv), (1, 0, 2))
+    att = jg.matmul(jg.permute(q, (1, 0, 2)), jg.permute(k, (1, 0, 2)), tb=True) * (D // 2) ** -0.5
+    a = jg.softmax(jg.causal_mask(att))
+    o = jg.reshape(jg.permute(a @ v, (1, 0, 2)), (T, D))
+    logits = jg.layer_norm(o + h) @ wo
+    g.output(loss=jg.cross_entropy(logits, y))
+    train_and_compare(g, jg.optim.Adam(lr=1e-2), steps=3)
+
+
+def test_update_read_after_it_is_computed_is_not_clobbered():
+    # p's update is computed before `later` reads p: the update must not overwrite p early
+    g = jg.Graph("order")
+    x = g.input("x", (3,))
+    p = g.param("p", (3,), init=jg.init.constant(2.0))
+    new = p * 0.5
+    later = p + x
+    g.update(p=new)
+    g.output(later=later)
+    prog = jg.compile(g)
+    assert prog._state.memory.copies == [("p", new.id)]
+    out = prog.step(x=np.ones(3, np.float32))
+    np.testing.assert_array_equal(out["later"], 3.0)
+    np.testing.assert_array_equal(prog.params["p"], 1.0)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    g = sgd_by_hand()
+    prog = jg.compile(g)
+    for b in batches(g, 2):
+        prog.step(**b)
+    return g, prog
+
+
+def test_evaluator_shares_params_and_drops_outputs_missing_inputs(trained):
+    g, prog = trained
+    ev = prog.evaluator()
+    x = batches(g, 1, seed=5)[0]["x"]
+    logits = ev.run(x=x)
+    assert set(logits) == {"logits"}
+    ref = jg.interp.run(mlp(labels=False), {"x": x, "y": np.zeros((16, 5), np.float32)},
+                        {k: prog.params[k] for k in ("w1", "b1", "w2", "b2")})
+    assert_close(logits["logits"], ref["logits"], "logits")
+    prog.params["b2"] = prog.params["b2"] + 1.0          # the evaluator sees new values
+    assert_close(ev.run(x=x)["logits"], ref["logits"] + 1.0, "shifted logits")
+
+
+def test_step_validates_inputs(trained):
+    g, prog = trained
+    b = batches(g, 1)[0]
+    with pytest.raises(ShapeError, match=r"input x: expected shape float32\[16,13\], got "
+                                         r"float32\[8,13\]"):
+        prog.step(x=b["x"][:8], y=b["y"])
+    with pytest.raises(ShapeError, match="missing input y"):
+        prog.step(x=b["x"])
+    with pytest.raises(ShapeError, match="unknown input 'z'"):
+        prog.step(z=1, **b)
+    with pytest.raises(ShapeError, match="input y: expected dtype float32, got bool"):
+        prog.step(x=b["x"], y=b["y"] > 0)
+
+
+def test_params_read_copies_and_assignment_validates(trained):
+    g, prog = trained
+    w = prog.params["w1"]
+    w += 1.0
+    assert not np.array_equal(prog.params["w1"], w)
+    prog.params["w1"] = np.zeros((13, 11))
+    assert prog.params["w1"].dtype == np.float32 and not prog.params["w1"].any()
+    with pytest.raises(ShapeError, match=r"param w1: expected float32\[13,11\], got float64\[2\]"):
+        prog.params["w1"] = np.zeros(2)
+    with pytest.raises(KeyError, match="no param 'nope'"):
+        prog.params["nope"]
+    assert set(prog.params) == {"w1", "b1", "w2", "b2"} and len(prog.state) == 0
+
+
+def test_check_finite_names_the_output():
+    g = jg.Graph("nan")
+    x = g.input("x", (2,))
+    g.output(loss=jg.sum(jg.log(x)))
+    prog = jg.compile(g, check_finite=True)
+    assert prog.step(x=np.ones(2, np.float32))["loss"] == 0.0
+    with pytest.raises(FloatingPointError, match="output loss is not finite"):
+        prog.step(x=-np.ones(2, np.float32))
+
+
+def test_ir_stages_dump_and_stats(tmp_path, monkeypatch):
+    monkeypatch.setenv("JITGRAPH_DUMP", str(tmp_path))
+    prog = jg.compile(mlp(), loss="loss", optimizer=jg.optim.SGD(lr=0.1))
+    for stage in ("graph", "autodiff", "optimizer", "simplify", "fuse", "memory", "kernels"):
+        assert prog.ir(stage)
+        assert (tmp_path / f"{stage}.txt").read_text().strip() == prog.ir(stage).strip()
+    src = prog.ir("kernels")
+    assert "= matmul(x, w1)" in src and "@cfunc(" in src and "def d_" in src
+    s = prog.stats()
+    assert s["calls_per_step"] >= s["kernels"] > 0
+    assert s["arena_bytes"] > 0 and s["persistent_bytes"] >= 4 * (13 * 11 + 11 + 11 * 5 + 5)
+    assert set(s["stage_seconds"]) >= {"autodiff", "optimizer", "fuse", "memory", "lower"}
+    with pytest.raises(KeyError, match="no IR for stage 'nope'"):
+        prog.ir("nope")
+
+
+def test_unlowered_op_fails_at_compile_time_and_bad_target():
+    if "test_only_op" not in OPS:
+        register("test_only_op", arity=1, infer=lambda args, a: args[0].type,
+                 ref=lambda a, x: x.copy())
+    g = jg.Graph("odd")
+    x = g.input("x", (2,))
+    g.output(y=g.add("test_only_op", [x]))
+    with pytest.raises(NotImplementedError, match="op test_only_op has no CPU lowering"):
+        jg.compile(g)
+    with pytest.raises(ValueError, match="unknown target 'tpu'"):
+        jg.compile(g, target="tpu")
+
+
+def test_identical_kernels_compile_once_per_program():
+    g = jg.Graph("twins")
+    x, y = g.input("x", (4, 3)), g.input("y", (4, 3))
+    g.output(a=x + y, b=y + x, c=jg.relu(x), d=jg.relu(y))
+    prog = jg.compile(g)
+    s = prog.stats()
+    assert s["calls_per_step"] == 4 and s["kernel_functions"] == 2
+    out = prog.step(x=np.ones((4, 3)), y=-np.ones((4, 3)))
+    np.testing.assert_array_equal(out["d"], 0.0)

@@ -1,0 +1,85 @@
+"""The on-disk kernel cache: a second process compiles nothing; corrupt entries are rebuilt."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+import jitgraph as jg
+from jitgraph.runtime import cache
+
+SCRIPT = textwrap.dedent("""
+    import json, numpy as np, jitgraph as jg
+    g = jg.Graph("cached")
+    x = g.input("x", (5, 3))
+    w = g.param("w", (3, 2), init=jg.init.constant(0.5))
+    g.output(loss=jg.mean(jg.sqr(jg.tanh(x @ w))))
+    prog = jg.compile(g, loss="loss", optimizer=jg.optim.SGD(lr=0.1))
+    out = prog.step(x=np.ones((5, 3), np.float32))
+    s = prog.stats()
+    print(json.dumps({"loss": float(out["loss"]), "compiled": s["kernels_compiled"],
+                      "loaded": s["kernels_loaded"], "driver_cached": s["driver_cached"]}))
+""")
+
+
+def run_process(cache_dir):
+    env = dict(os.environ, JITGRAPH_CACHE_DIR=str(cache_dir))
+    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    first = run_process(tmp_path)
+    assert first["compiled"] > 0 and not first["driver_cached"]
+    second = run_process(tmp_path)
+    assert second == {**first, "compiled": 0, "loaded": first["compiled"] + first["loaded"],
+                      "driver_cached": True}
+
+
+def test_corrupt_entries_are_rebuilt(tmp_path):
+    first = run_process(tmp_path)
+    root = tmp_path / f"v{cache.FORMAT}"
+    kernel = sorted(root.glob("k_*.py"))[0]
+    kernel.write_text(kernel.read_text().replace("cfunc", "cfunk", 1))      # edited source
+    for index in (root / "__pycache__").glob("d_*.nbi"):
+        index.write_bytes(b"not a pickle")                                  # corrupt index
+    again = run_process(tmp_path)
+    assert again["loss"] == first["loss"]
+    assert again["compiled"] >= 1 and "cfunk" not in kernel.read_text()
+
+
+def test_file_names_hash_text_options_and_toolchain():
+    a = cache.module_name("k", "@cfunc(...)\ndef f(): pass")
+    b = cache.module_name("k", '@njit(parallel=True)\n@cfunc(...)\ndef f(): pass')
+    assert a != b and a == cache.module_name("k", "@cfunc(...)\ndef f(): pass")
+    assert "numba" in cache.toolchain() and "llvmlite" in cache.toolchain()
+
+
+def test_store_detects_truncated_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("JITGRAPH_CACHE_DIR", str(tmp_path))
+    path, written = cache.store("k_test", "x = 1\n")
+    assert written and cache.store("k_test", "x = 1\n") == (path, False)
+    path.write_text(path.read_text()[:-3])
+    assert cache.store("k_test", "x = 1\n") == (path, True)
+    assert path.read_text().endswith("x = 1\n")
+
+
+def test_cache_dir_defaults_under_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("JITGRAPH_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.cache_dir() == tmp_path / "jitgraph" / f"v{cache.FORMAT}"
+
+
+def test_program_in_same_process_reuses_loaded_kernels():
+    g = jg.Graph("reuse")
+    x = g.input("x", (4,))
+    g.output(y=jg.exp(x) * 2.0)
+    jg.compile(g)
+    again = jg.compile(g)
+    s = again.stats()
+    assert s["kernels_compiled"] == 0 and s["kernels_reused"] == s["kernel_functions"]
+    np.testing.assert_allclose(again.step(x=np.zeros(4))["y"], 2.0)
