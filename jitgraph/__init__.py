@@ -18,12 +18,15 @@ def grad(graph, loss="loss", wrt=None, inputs=()):
 
 def __getattr__(name):
     # Lazily bound so that importing jitgraph stays cheap (numba loads only when compiling).
-    if name in ("optim", "testing"):    # import_module: `from . import x` would recurse here
+    if name in ("optim", "testing", "data", "models", "gguf_io"):    # import_module: `from . import x` would recurse here
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     if name == "training_graph":
         from .training import training_graph
         return training_graph
+    if name in ("fit", "evaluate"):
+        from . import train
+        return getattr(train, name)
     if name == "compile":
         from .compiler import compile
         return compile
