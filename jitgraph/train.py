@@ -141,6 +141,9 @@ def fit(model, dataset, *, epochs=1, batch_size=None, logical_batch=None, val_sp
         if batch_size not in (None, batch):
             raise ValueError(f"batch_size {batch_size} differs from the graph's batch {batch}")
         batch_size = batch
+        if (logical_batch or batch) % batch:
+            raise ValueError(f"logical batch {logical_batch} is not a multiple of the batch size "
+                             f"{batch}")
         acc = (logical_batch or batch) // batch
         opt = optimizer or optim.AdamW(lr=1e-3)
         if acc > 1:

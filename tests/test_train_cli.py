@@ -65,3 +65,24 @@ def test_eval_rejects_a_truncated_model(tmp_path, capsys):
     bad.write_bytes(b"GGUF\x03\x00\x00\x00")
     assert cli.main(["eval", str(bad), "--quiet"]) == 2
     assert str(bad) in capsys.readouterr().err
+
+
+def test_fit_with_accumulation_learns_and_splits():
+    import jitgraph as jg
+    ds = jg.data.synthetic_digits(1200, seed=3)
+    logs = jg.fit(jg.models.mnist_fc(100), ds, epochs=3, logical_batch=200, val_split=0.2,
+                  progress=False, seed=1)
+    assert [log.epoch for log in logs] == [1, 2, 3]
+    # ggml_opt_fit's split: whole logical batches, 80 % of 6 -> 4 batches of 200 for training
+    assert logs[0].train.ndata == 800 and logs[0].val.ndata == 400
+    assert logs[-1].train.loss()[0] < 0.8 * logs[0].train.loss()[0]
+    assert logs[-1].val.accuracy()[0] > 0.3
+
+
+def test_fit_rejects_bad_batches():
+    import jitgraph as jg
+    ds = jg.data.synthetic_digits(300, seed=0)
+    with pytest.raises(ValueError, match="not a multiple"):
+        jg.fit(jg.models.mnist_fc(100), ds, logical_batch=150, progress=False)
+    with pytest.raises(ValueError, match="differs from the graph"):
+        jg.fit(jg.models.mnist_fc(100), ds, batch_size=50, progress=False)
