@@ -1,4 +1,4 @@
-"""Per-kernel timing of a compiled program: `python bench/profile_kernels.py [batch]`.
+"""Per-kernel timing of a compiled program: `python bench/profile_kernels.py [batch] [--unfused]`.
 
 Calls each kernel's C entry point on the program's own buffers (after one real step) and prints
 the median time per kernel, slowest first, next to the whole step's median."""
@@ -23,15 +23,20 @@ def profile(prog, inputs, repeat=20):
             fn(*args)
             ts.append(time.perf_counter() - t)
         n = prog.graph.nodes[nid]
-        rows.append((np.median(ts) * 1e6, f"%{nid} {n.op} {n.type}"))
+        k = next(k for k in prog._state.kernels.kernels if k.root == nid)
+        what = " ".join(f"%{i} {prog.graph.nodes[i].op}" for i in k.nodes)
+        rows.append((np.median(ts) * 1e6, f"{what} : {n.type}"))
     return sorted(rows, reverse=True)
 
 
 if __name__ == "__main__":
     import jitgraph as jg
-    batch = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    batch = int(args[0]) if args else 1000
     g = mnist_mlp(batch)
-    prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-3))
+    # replaying one kernel at a time is only sound when no buffer is reused: plan_memory=False
+    prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-3),
+                      fuse="--unfused" not in sys.argv, plan_memory=False)
     b = random_batch(batch)
     for _ in range(5):
         prog.step(**b)

@@ -8,10 +8,11 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
 
     loss: name of a scalar output to differentiate (adds grad/<param> outputs); optimizer: a
     jitgraph.optim optimizer (needs loss): `step` then runs forward, backward and the update.
-    target: "cpu" (numba). fuse / plan_memory: switches of the fusion and memory-planning passes;
-    accepted now, and today both configurations compile to one kernel per node with one buffer
-    per value (the real passes land later). checkpoint: a recomputation policy for the
-    checkpointing pass (None: keep every activation; see passes/checkpoint.py). seed: initial parameter values (graph.init_params(seed)).
+    target: "cpu" (numba). fuse: group nodes into fused kernels (False: one kernel per node).
+    plan_memory: liveness-based arena with in-place reuse (False: one buffer per value).
+    checkpoint: None (keep every activation), "marks", "sqrt", or "budget:BYTES" /
+    "budget:FRACTION" of the unchecked arena (passes/checkpoint.py).
+    seed: initial parameter values (graph.init_params(seed)).
     check_finite: `step` raises FloatingPointError when an output holds NaN or Inf.
     """
     if target != "cpu":

@@ -19,8 +19,8 @@ Policies:
                    budget at the least recomputation: first only cheap ops are recomputed (never
                    a matmul or conv2d while that suffices), cheapest per byte first; then segments
 The automatic policies ignore jg.checkpoint marks (and remove them).
-The memory measure is the peak live arena bytes of passes/liveness.py, with params and inputs
-outside the arena and update sources written in place into their params (`arena_peak`).
+The memory measure (`arena_peak`) is the arena the rest of the pipeline will plan: kernels as
+passes/fuse.py groups them (`fuse`), ordered by passes/schedule.py, packed by passes/memory.py.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from typing import NamedTuple
 
 from jitgraph.ir import LEAF_OPS, Graph
 
-from .fuse import live_nodes, op_kind
-from .liveness import peak_bytes
+from .fuse import group_kernels, live_nodes, op_kind
+from .memory import plan_memory
+from .schedule import reorder
 from .report import Report
 
 EXPENSIVE = ("matmul", "conv2d")   # recomputed only when recomputing cheap ops cannot fit
@@ -53,20 +54,22 @@ def flops(graph, n) -> int:
     return sum(graph.nodes[i].type.size for i in n.inputs)
 
 
-def arena_peak(graph) -> int:
-    """Peak live arena bytes in node order; update sources live in their params' buffers."""
-    return peak_bytes(graph, persistent=set(graph.updates.values()))[0]
+def arena_peak(graph, fuse=True) -> int:
+    """The arena bytes the rest of the pipeline plans for `graph`: its kernels (passes/fuse.py)
+    in the order of passes/schedule.py, packed by passes/memory.py."""
+    return plan_memory(reorder(group_kernels(graph, fuse=fuse)[0]))[0].arena_bytes
 
 
-def checkpoint(graph, policy=None, loss: str = "loss"):
-    """Return (graph with recomputation in the backward, Report). See the module docstring."""
+def checkpoint(graph, policy=None, loss: str = "loss", fuse: bool = True):
+    """Return (graph with recomputation in the backward, Report). See the module docstring;
+    `fuse` is the fusion setting the program is compiled with (it changes the arena)."""
     kind, arg = _parse(policy)
     g, marked = _strip_marks(graph)
     if kind == "none":
         return g.validate(), Report("checkpoint", {"policy": "none", "marks_removed":
                                                    len(graph.nodes) - len(g.nodes)})
-    fw = _Forward(g, loss)
-    peak0 = arena_peak(g)
+    fw = _Forward(g, loss, fuse)
+    peak0 = arena_peak(g, fuse)
     if kind == "marks":
         plan = fw.candidates - marked
     elif kind == "sqrt":
@@ -137,11 +140,11 @@ def _copy_leaf(g, n) -> int:
 class _Forward:
     """The forward/backward split of a training graph and the plans over it."""
 
-    def __init__(self, g, loss):
+    def __init__(self, g, loss, fuse=True):
         if loss not in g.outputs:
             raise ValueError(f"checkpoint: graph {g.name} has no output {loss!r} (outputs: "
                              f"{', '.join(g.outputs) or 'none'}); run it after autodiff")
-        self.g, self.live = g, live_nodes(g)
+        self.g, self.live, self.fuse = g, live_nodes(g), fuse
         fwd, todo = set(), [g.outputs[loss]]
         while todo:
             i = todo.pop()
@@ -230,7 +233,8 @@ class _Forward:
             out, origin = self.rebuild(key)
             nodes = [self.g.nodes[i] for i in origin.values()]
             self._cache[key] = Cost(any(n.op in EXPENSIVE for n in nodes),
-                                    sum(flops(self.g, n) for n in nodes), arena_peak(out))
+                                    sum(flops(self.g, n) for n in nodes),
+                                    arena_peak(out, self.fuse))
         return self._cache[key]
 
     def segments(self, k):
@@ -277,7 +281,7 @@ class _Forward:
 def _report(policy, fw, out, clones, peak0):
     g = fw.g
     extra = sum(flops(g, g.nodes[i]) for i in clones.values())
-    peak = arena_peak(out)
+    peak = arena_peak(out, fw.fuse)
     rep = Report("checkpoint", {
         "policy": policy, "activations": len(fw.acts),
         "activation_bytes": sum(g.nodes[i].type.nbytes for i in fw.acts),

@@ -1,8 +1,31 @@
 """Kernel grouping: which nodes run together in one kernel.
 
-This pass only decides grouping; the backends lower each group. The grouping here is the trivial
-one — one kernel per live node — and views (reshape) get no kernel at all: they alias their
-operand's buffer (passes/memory.py). Real fusion is a later pass that returns the same structure.
+This pass only decides grouping; the backends lower each group (runtime/cpu/fused.py). Views
+(reshape, checkpoint marks) get no kernel: they alias their operand's buffer (passes/memory.py).
+With `fuse=False` every live computing node is its own kernel ("node"). With fusion, nodes are
+grouped greedily in graph order into these kinds (the kernel's `anchor` is its non-elementwise
+member, if any):
+
+  elementwise  elementwise nodes of one shape (the domain), operands broadcast into it; an
+               optimizer update kernel also holds scalar nodes (computed once, first) and
+               several domains, one loop each
+  gemm         a 2-D matmul followed by elementwise nodes over its output (bias, activation,
+               residual, scale), applied right after the GEMM while its output is in cache
+  rows         a row op over the last axis (softmax, log_softmax, rms_norm, layer_norm and
+               their *_back ops) with an elementwise prologue on its operands and an
+               elementwise epilogue on its result, all of the same shape
+  reduce       a reduction (sum, mean, max, ...) whose operand is an elementwise prologue
+  cross_entropy  cross_entropy with its cross_entropy_back (same logits and target): the
+               loss and its gradient from one pass over the logits
+  node         anything else, one node
+
+A value computed inside a kernel needs no buffer unless it is read outside it: `outputs` lists
+the members that are (graph outputs, updates, or operands of other kernels or of views);
+`KernelGraph.outputs_of(kernel)` is what the memory planner allocates. Intermediates are never
+recomputed across kernels, with one exception: `full` constants are inlined as literals into
+every fused kernel that reads them (they cost nothing) and get a kernel of their own only when
+some reader needs a buffer. Fusion never merges two groups when a node outside them lies on a
+path between them (that would need the group to run both before and after that node).
 """
 from __future__ import annotations
 
@@ -13,13 +36,20 @@ from jitgraph.ops.registry import get_op
 
 from .report import Report
 
+ROW_OPS = ("softmax", "log_softmax", "softmax_back", "rms_norm", "layer_norm", "rms_norm_back",
+           "layer_norm_back")
+UPDATE_OPS = ("ema", "ema_sq", "adam_step")
+
 
 @dataclass(frozen=True)
 class Kernel:
-    """A group of nodes lowered to one kernel; `nodes` in execution order, the last is the root
-    whose value the kernel produces (the others stay in registers once fusion exists)."""
+    """A group of nodes lowered to one kernel; `nodes` in execution order, the last is the root.
+    `outputs`: members whose values are read outside the kernel (each gets a buffer)."""
     id: int
     nodes: tuple
+    kind: str = "node"
+    outputs: tuple = ()
+    anchor: int | None = None
 
     @property
     def root(self) -> int:
@@ -31,13 +61,38 @@ class KernelGraph:
     graph: object          # the jitgraph.ir.Graph the kernels read
     kernels: list          # Kernel, in execution order
     live: frozenset        # node ids whose values are needed (outputs, updates and their inputs)
+    inlined: frozenset = frozenset()   # `full` nodes with no kernel and no buffer
+
+    def outputs_of(self, kernel) -> tuple:
+        """The values `kernel` writes to memory (the others live in registers)."""
+        return kernel.outputs
+
+    def inputs_of(self, kernel) -> tuple:
+        """Node ids `kernel` reads from memory (inlined constants excluded), in first-use order."""
+        mem = set(kernel.nodes)
+        out = []
+        for nid in kernel.nodes:
+            for i in self.graph.nodes[nid].inputs:
+                if i not in mem and i not in self.inlined and i not in out:
+                    out.append(i)
+        return tuple(out)
+
+    def bytes_moved(self) -> int:
+        """Bytes every kernel reads and writes across its boundary (inputs + outputs)."""
+        nodes = self.graph.nodes
+        return sum(nodes[i].type.nbytes for k in self.kernels
+                   for i in self.inputs_of(k) + self.outputs_of(k))
 
     def __str__(self) -> str:
         g = self.graph
         lines = [f"kernels {g.name} ({len(self.kernels)}):"]
         for k in self.kernels:
             members = ", ".join(f"%{i} {g.nodes[i].op}" for i in k.nodes)
-            lines.append(f"  k{k.id}: {members} : {g.nodes[k.root].type}")
+            outs = ", ".join(g.label(i) for i in k.outputs)
+            kind = "" if k.kind == "node" else f" [{k.kind}] -> {outs}"
+            lines.append(f"  k{k.id}: {members} : {g.nodes[k.root].type}{kind}")
+        if self.inlined:
+            lines.append("  inlined constants: " + ", ".join(f"%{i}" for i in sorted(self.inlined)))
         return "\n".join(lines)
 
 
@@ -58,13 +113,254 @@ def live_nodes(graph) -> frozenset:
     return frozenset(seen)
 
 
-def group_kernels(graph):
-    """One kernel per live computing node (no fusion). Returns (KernelGraph, Report)."""
-    live = live_nodes(graph)
-    kernels = []
+def is_direct_gemm(graph, n) -> bool:
+    """A matmul the CPU backend runs as one 2-D GEMM (2-D w; x 2-D or batched rows)."""
+    if n.op != "matmul":
+        return False
+    x, w = (graph.nodes[i].type for i in n.inputs)
+    return w.ndim == 2 and (x.ndim == 2 or not n.attr["ta"]) and n.type.size > 0
+
+
+def rows_flags(shape, operand) -> tuple | None:
+    """How `operand` (a shape) broadcasts over a row kernel's [rows, last axis] domain `shape`:
+    (varies with the row, varies along the last axis), or None when it varies with only some
+    of the leading axes (not expressible as one row index)."""
+    lead = len(shape) - len(operand)
+    full = [ax >= lead and operand[ax - lead] == d for ax, d in enumerate(shape)]
+    rows = [f for ax, f in enumerate(full[:-1]) if shape[ax] != 1]
+    if any(rows) and not all(rows):
+        return None
+    return bool(rows) and all(rows), full[-1] and shape[-1] != 1
+
+
+class _Grouping:
+    """Greedy grouping state: groups of node ids, each with a kind, domain and anchor."""
+
+    def __init__(self, graph, live):
+        self.g, self.live = graph, live
+        self.users = {i: [u for u in us if u in live] for i, us in graph.users().items()}
+        self.group_of = {}          # node id -> group id
+        self.groups = {}            # group id -> dict(members, kind, domain, anchor)
+
+    def new(self, nid, kind, domain, anchor=None):
+        gid = max(self.groups, default=-1) + 1
+        self.groups[gid] = {"members": [nid], "kind": kind, "domain": domain, "anchor": anchor}
+        self.group_of[nid] = gid
+
+    def producers(self, nid):
+        """Groups of nid's computed operands, in operand order, without repeats."""
+        out = []
+        for i in self.g.nodes[nid].inputs:
+            gid = self.group_of.get(i)
+            if gid is not None and gid not in out:
+                out.append(gid)
+        return out
+
+    def convex(self, members) -> bool:
+        """No node outside `members` is both reachable from and an ancestor of a member."""
+        mem = set(members)
+        last = max(mem)
+        seen, todo = set(), [u for m in mem for u in self.users[m] if u not in mem]
+        while todo:
+            u = todo.pop()
+            if u in seen or u > last:
+                continue
+            seen.add(u)
+            todo.extend(v for v in self.users[u] if v not in mem)
+        return not any(i in seen for m in mem for i in self.g.nodes[m].inputs)
+
+    def merge(self, nid, gids, kind, domain, anchor) -> bool:
+        members = sorted({nid, *[m for gid in gids for m in self.groups[gid]["members"]]})
+        if not self.convex(members):
+            return False
+        for gid in gids:
+            del self.groups[gid]
+        self.new(nid, kind, domain, anchor)
+        gid = self.group_of[nid]
+        self.groups[gid]["members"] = members
+        for m in members:
+            self.group_of[m] = gid
+        return True
+
+
+def _rows_ok(grouping, members, domain):
+    """Every operand a rows kernel loads broadcasts as a row index and/or a column index."""
+    g, mem = grouping.g, set(members)
+    for m in members:
+        for i in g.nodes[m].inputs:
+            if i not in mem and rows_flags(domain, g.nodes[i].type.shape) is None:
+                return False
+    return True
+
+
+def _join_elementwise(gr, n):
+    """Put elementwise node n into an operand's group of the same domain, or a new group."""
+    shape = n.type.shape
+    cands = [gid for gid in gr.producers(n.id)
+             if gr.groups[gid]["domain"] == shape and gr.groups[gid]["kind"] in
+             ("elementwise", "gemm", "rows")]
+    if n.type.size == 0:
+        cands = []
+    anchors = [gid for gid in cands if gr.groups[gid]["anchor"] is not None]
+    for gids in ([*anchors[:1], *[c for c in cands if c not in anchors]], anchors[:1],
+                 cands[:1]):
+        if not gids:
+            continue
+        kind = gr.groups[gids[0]]["kind"]
+        anchor = gr.groups[gids[0]]["anchor"]
+        if kind == "gemm" and n.type.dtype != gr.g.nodes[anchor].type.dtype:
+            continue
+        members = [n.id] + [m for gid in gids for m in gr.groups[gid]["members"]]
+        if kind == "rows" and not _rows_ok(gr, members, shape):
+            continue
+        if gr.merge(n.id, gids, kind, shape, anchor):
+            return
+    gr.new(n.id, "elementwise", shape)
+
+
+def _row_op(gr, n):
+    shape = n.type.shape
+    axis = n.attr.get("axis", n.type.ndim - 1)
+    if not shape or axis != n.type.ndim - 1 or n.type.size == 0:
+        gr.new(n.id, "node", shape)
+        return
+    cands = [gid for gid in gr.producers(n.id)
+             if gr.groups[gid]["kind"] == "elementwise" and gr.groups[gid]["domain"] == shape]
+    members = [n.id] + [m for gid in cands for m in gr.groups[gid]["members"]]
+    if cands and _rows_ok(gr, members, shape) and gr.merge(n.id, cands, "rows", shape, n.id):
+        return
+    gr.new(n.id, "rows", shape, n.id)
+
+
+def _reduction(gr, n):
+    x = gr.g.nodes[n.inputs[0]]
+    gid = gr.group_of.get(x.id)
+    if n.op != "count_equal" and gid is not None and gr.groups[gid]["kind"] == "elementwise" \
+            and gr.groups[gid]["domain"] == x.type.shape and len(x.type.shape) > 0 \
+            and gr.merge(n.id, [gid], "reduce", x.type.shape, n.id):
+        return
+    gr.new(n.id, "node", n.type.shape)
+
+
+def _cross_entropy_back(gr, n):
+    """cross_entropy_back joins the cross_entropy of the same logits and target: one pass over
+    the logits computes the loss and its gradient."""
+    fwd = [u for u in gr.users[n.inputs[0]]
+           if gr.g.nodes[u].op == "cross_entropy" and gr.g.nodes[u].inputs == n.inputs[:2]]
+    gid = gr.group_of.get(fwd[0]) if fwd else None
+    if gid is None or not gr.merge(n.id, [gid], "cross_entropy", n.type.shape, n.id):
+        gr.new(n.id, "node", n.type.shape)
+
+
+def _merge_updates(gr):
+    """One kernel for the whole optimizer update: every elementwise group holding an update op,
+    plus the scalar groups feeding them (bias corrections). Updates of weights whose gradient
+    is a GEMM already sit in that GEMM's epilogue (the gradient never reaches memory)."""
+    upd = [gid for gid, grp in gr.groups.items() if grp["kind"] == "elementwise" and
+           any(gr.g.nodes[m].op in UPDATE_OPS for m in grp["members"])]
+    if not upd:
+        return
+    members = {m for gid in upd for m in gr.groups[gid]["members"]}
+    scalars = [gid for gid, grp in gr.groups.items() if grp["kind"] == "elementwise" and
+               grp["domain"] == () and gid not in upd and
+               any(u in members for m in grp["members"] for u in gr.users[m])]
+    gids = upd + scalars
+    first = max(m for gid in gids for m in gr.groups[gid]["members"])
+    gr.merge(first, gids, "elementwise", None, None)
+
+
+def _group_fused(graph, live):
+    gr = _Grouping(graph, live)
+    consts = []
     for n in graph.nodes:
-        if n.id in live and op_kind(n.op) not in ("leaf", "view"):
-            kernels.append(Kernel(len(kernels), (n.id,)))
-    rep = Report("fuse", {"kernels": len(kernels), "fused_nodes": 0,
+        if n.id not in live:
+            continue
+        kind = op_kind(n.op)
+        if kind in ("leaf", "view"):
+            continue
+        if n.op == "full":
+            consts.append(n.id)
+        elif kind == "elementwise":
+            _join_elementwise(gr, n)
+        elif n.op in ROW_OPS:
+            _row_op(gr, n)
+        elif n.op == "cross_entropy_back":
+            _cross_entropy_back(gr, n)
+        elif kind == "reduce":
+            _reduction(gr, n)
+        elif is_direct_gemm(graph, n):
+            gr.new(n.id, "gemm", n.type.shape, n.id)
+        else:
+            gr.new(n.id, "node", n.type.shape)
+    _merge_updates(gr)
+    inlined = set()
+    needed = set(graph.outputs.values()) | set(graph.updates.values())
+    for c in consts:
+        readers = gr.users[c]
+        if c in needed or any(gr.group_of.get(u) is None or
+                              gr.groups[gr.group_of[u]]["kind"] == "node" or
+                              gr.groups[gr.group_of[u]]["anchor"] == u and
+                              gr.groups[gr.group_of[u]]["kind"] == "gemm" for u in readers):
+            gr.new(c, "node", graph.nodes[c].type.shape)
+        else:
+            inlined.add(c)
+    return gr, frozenset(inlined)
+
+
+def _order(gr):
+    """Groups in a topological order (by first member among the ready ones)."""
+    g = gr.g
+    deps = {gid: {gr.group_of[i] for m in grp["members"] for i in g.nodes[m].inputs
+                  if i in gr.group_of and gr.group_of[i] != gid}
+            for gid, grp in gr.groups.items()}
+    order, done = [], set()
+    pending = sorted(gr.groups, key=lambda gid: min(gr.groups[gid]["members"]))
+    while pending:
+        gid = next(x for x in pending if deps[x] <= done)
+        pending.remove(gid)
+        order.append(gid)
+        done.add(gid)
+    return order
+
+
+def _outputs(graph, live, members, group_of, gid):
+    """Members read outside the group: by another group, a view, or as a graph output/update."""
+    needed = set(graph.outputs.values()) | set(graph.updates.values())
+    users = graph.users()
+    out = []
+    for m in members:
+        if m in needed or any(u in live and group_of.get(u) != gid for u in users[m]):
+            out.append(m)
+    return tuple(out)
+
+
+def group_kernels(graph, fuse: bool = True):
+    """Group the live computing nodes into kernels. Returns (KernelGraph, Report)."""
+    live = live_nodes(graph)
+    if not fuse:
+        kernels = [n.id for n in graph.nodes
+                   if n.id in live and op_kind(n.op) not in ("leaf", "view")]
+        kg = KernelGraph(graph, [Kernel(k, (nid,), "node", (nid,)) for k, nid in
+                                 enumerate(kernels)], live)
+        inlined = frozenset()
+    else:
+        gr, inlined = _group_fused(graph, live)
+        kernels = []
+        for gid in _order(gr):
+            grp = gr.groups[gid]
+            members = tuple(grp["members"])
+            outs = _outputs(graph, live, members, gr.group_of, gid)
+            kind = grp["kind"] if len(members) > 1 or grp["kind"] in ("rows", "elementwise") \
+                else "node"
+            kernels.append(Kernel(len(kernels), members, kind, outs, grp["anchor"]))
+        kg = KernelGraph(graph, kernels, live, inlined)
+    n_nodes = sum(len(k.nodes) for k in kg.kernels)
+    rep = Report("fuse", {"kernels": len(kg.kernels), "fused_nodes": n_nodes - len(kg.kernels),
+                          "inlined_constants": len(inlined), "bytes_moved": kg.bytes_moved(),
                           "dead_nodes": len(graph.nodes) - len(live)})
-    return KernelGraph(graph, kernels, live), rep
+    if fuse:
+        kinds = {}
+        for k in kg.kernels:
+            kinds[k.kind] = kinds.get(k.kind, 0) + 1
+        rep.lines.append("kernels by kind: " + ", ".join(f"{k}={v}" for k, v in kinds.items()))
+    return kg, rep

@@ -6,8 +6,10 @@ both inclusive, so at a step its operands and its result are live together (in-p
 the planner's decision, not liveness's). Outputs and update sources live to the last step.
 Views (op kind "view": reshape, checkpoint marks) own no buffer: a read of a view is a read of
 its base, so views extend their base's interval. A kernel member that only its own kernel reads
-stays in registers and gets no interval. Inputs and params live outside the per-step arena and
-are left out unless `leaves=True`: then params live the whole step, inputs until their last read.
+stays in registers and gets no interval (or, given `outputs`, exactly the members each step
+writes to memory get one); `inlined` constants are folded into their readers: no buffer, no
+read. Inputs and params live outside the per-step arena and are left out unless `leaves=True`:
+then params live the whole step, inputs until their last read.
 
 The peak of the live bytes over the steps is the lower bound any arena plan for the order can
 reach; passes/checkpoint.py minimises it and passes/memory.py measures its plan against it.
@@ -32,10 +34,12 @@ def default_order(graph) -> list:
     return [n.id for n in graph.nodes if n.id in live and n.op not in LEAF_OPS]
 
 
-def intervals(graph, order=None, *, leaves=False, persistent=()) -> dict:
+def intervals(graph, order=None, *, leaves=False, persistent=(), outputs=None,
+              inlined=()) -> dict:
     """node id -> (first step, last step) for every value that needs an arena buffer in `order`.
     `persistent`: computed values that live outside the arena (e.g. update sources written in
-    place into their params' buffers)."""
+    place into their params' buffers). `outputs`: per step, the values it writes to memory
+    (passes/fuse.py's KernelGraph.outputs_of); `inlined`: constants with no kernel."""
     order = default_order(graph) if order is None else order
     steps = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in order]
     pos = {nid: t for t, step in enumerate(steps) for nid in step}
@@ -44,6 +48,8 @@ def intervals(graph, order=None, *, leaves=False, persistent=()) -> dict:
 
     def read(nid, t):
         b = base(graph, nid)
+        if b in inlined:
+            return
         if graph.nodes[b].op not in LEAF_OPS and pos.get(b, last + 1) > t:
             raise ValueError(f"liveness: {graph.label(b)} ({graph.nodes[b].op}) is read at step "
                              f"{t} but not computed before it in the order")
@@ -62,7 +68,9 @@ def intervals(graph, order=None, *, leaves=False, persistent=()) -> dict:
         n = graph.nodes[nid]
         if n.op in LEAF_OPS or op_kind(n.op) == "view" or nid in persistent:
             continue
-        if nid != steps[t][-1] and end.get(nid, t) == t and nid not in kept:
+        buffered = nid in outputs[t] if outputs is not None else \
+            nid == steps[t][-1] or end.get(nid, t) > t or nid in kept
+        if not buffered:
             continue                                   # fused intermediate: in registers
         out[nid] = (t, end.get(nid, t))
     if leaves:

@@ -1,16 +1,35 @@
-"""Buffer assignment: where every value lives.
+"""Memory planning: where every value lives, ggml-allocator style, as a pass with a report.
 
-The plan here is the naive one: one arena buffer per live value, no reuse. Views (reshape) share
-their operand's slot. Params and optimizer state live in a persistent region that survives steps.
-An update whose kernel can write straight into its param's slot (nothing reads the old value
-afterwards) does so; the others are copied into the param at the end of the step.
-Real liveness-based reuse is a later pass that returns the same structure.
+Regions. Params and optimizer state live in a persistent region that survives steps; an update
+whose kernel can write straight into its param's slot (nothing reads the old value afterwards)
+does so, the others are copied into the param at the end of the step. Every other value —
+program inputs, activations, gradients — lives in one arena.
+
+Arena plan (`reuse=True`), over the kernel order of passes/fuse.py:
+  1. liveness (passes/liveness.py): each value is live from the kernel that writes it to the
+     last kernel that reads it; inputs from the start of the step, outputs and update sources to
+     its end; views alias their base; fused intermediates need no buffer;
+  2. in-place reuse: an elementwise kernel's root takes the buffer of an operand that dies in
+     that kernel when it has the root's exact type (the generated loop reads element i of every
+     full-shape operand before it writes element i); outputs and update sources are never
+     overwritten. Chains of such kernels share one buffer;
+  3. offsets: buffers (a chain is one buffer, live over the union of its values) are placed
+     largest first, each at the lowest-waste gap among the already placed buffers it is live
+     with (greedy by size, best fit).
+`reuse=False` is the naive baseline: one buffer per value, no sharing.
+The report gives the naive bytes, the planned arena, the lower bound (largest live set of the
+same values; in-place reuse can go below it) and the in-place reuses; `MemoryPlan.describe`
+lists every buffer's offset, size, live steps and the value it reuses.
+passes/memory_check.py verifies a plan independently.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .fuse import op_kind
+from .liveness import base, intervals, live_bytes
 from .report import Report
 
 ALIGN = 64   # bytes; every slot starts on a cache line
@@ -31,13 +50,36 @@ class MemoryPlan:
     params: dict                # param name -> Slot in the persistent region
     copies: list = field(default_factory=list)    # (param name, node id) copied after the step
     inplace: dict = field(default_factory=dict)   # param name -> node id written into its slot
+    reuses: dict = field(default_factory=dict)    # node id -> operand whose buffer it takes
+    intervals: dict = field(default_factory=dict)  # arena value -> (first, last) kernel step
+    naive_bytes: int = 0        # one aligned buffer per arena value
+    lower_bound: int = 0        # largest live set of the arena values (bytes)
+
+    def summary(self) -> dict:
+        return {"naive_bytes": self.naive_bytes, "arena_bytes": self.arena_bytes,
+                "lower_bound": self.lower_bound,
+                "vs_naive": round(self.arena_bytes / max(self.naive_bytes, 1), 3),
+                "vs_lower_bound": round(self.arena_bytes / max(self.lower_bound, 1), 3),
+                "inplace_reuses": len(self.reuses), "buffers": len(self.intervals) -
+                len(self.reuses), "persistent_bytes": self.persist_bytes,
+                "updates_in_place": len(self.inplace), "updates_copied": len(self.copies)}
 
     def describe(self, graph) -> str:
-        lines = [f"memory {graph.name}: arena {self.arena_bytes} B, persistent "
-                 f"{self.persist_bytes} B"]
-        for nid, s in sorted(self.slots.items()):
+        s = self.summary()
+        lines = [f"memory {graph.name}: arena {self.arena_bytes} B (naive {self.naive_bytes} B, "
+                 f"lower bound {self.lower_bound} B), persistent {self.persist_bytes} B, "
+                 f"{s['inplace_reuses']} in-place reuses"]
+        for nid, sl in sorted(self.slots.items(), key=lambda kv: (
+                kv[1].region, kv[1].offset, self.intervals.get(kv[0], (-1, -1)), kv[0])):
             n = graph.nodes[nid]
-            lines.append(f"  {graph.label(nid):>12} {s.region}@{s.offset} +{s.nbytes} : {n.type}")
+            if nid in self.intervals:
+                first, last = self.intervals[nid]
+                live = f" live {first}..{last}"
+            else:
+                live = " view" if op_kind(n.op) == "view" else ""
+            reuse = f" reuses {graph.label(self.reuses[nid])}" if nid in self.reuses else ""
+            lines.append(f"  {graph.label(nid):>12} {sl.region}@{sl.offset} +{sl.nbytes}"
+                         f"{live}{reuse} : {n.type}")
         lines += [f"  update {p} <- %{i} in place" for p, i in self.inplace.items()]
         lines += [f"  update {p} <- {graph.label(i)} copied after the step" for p, i in self.copies]
         return "\n".join(lines)
@@ -47,48 +89,99 @@ def _align(n):
     return -(-n // ALIGN) * ALIGN
 
 
-def _base(graph, nid):
-    """The node whose buffer a value lives in (follows views)."""
-    while op_kind(graph.nodes[nid].op) == "view":
-        nid = graph.nodes[nid].inputs[0]
-    return nid
-
-
 def _can_write_in_place(kg, pid, uid, order, taken):
     """True if update node `uid` may overwrite param node `pid`'s buffer while it runs."""
     g = kg.graph
     u = g.nodes[uid]
-    if uid in taken or uid not in order or _base(g, uid) != uid:
+    if uid in taken or uid not in order or base(g, uid) != uid:
         return False
-    if any(_base(g, o) == pid for o in g.outputs.values()):
+    if any(base(g, o) == pid for o in g.outputs.values()):
         return False
     for r in kg.live:
         rn = g.nodes[r]
-        if op_kind(rn.op) == "view" or not any(_base(g, i) == pid for i in rn.inputs):
+        if op_kind(rn.op) == "view" or not any(base(g, i) == pid for i in rn.inputs):
             continue
         if r == uid:
             same = all(g.nodes[i].type.shape == u.type.shape for i in rn.inputs if i == pid)
             if op_kind(u.op) != "elementwise" or not same or \
-                    any(_base(g, i) == pid and i != pid for i in rn.inputs):
+                    any(base(g, i) == pid and i != pid for i in rn.inputs):
                 return False
         elif order.get(r, -1) >= order[uid]:
             return False
     return True
 
 
-def plan_memory(kg, params=None):
-    """Naive plan for a KernelGraph: returns (MemoryPlan, Report). `params` (name -> Slot) places
-    the params in an existing persistent region instead (a program sharing another's params)."""
+def _persistent(g, params):
+    """(param name -> Slot, persistent bytes): fresh, or the given slots of another program."""
+    if params is not None:
+        params = {name: params[name] for name in g.params}
+        return params, max((s.offset + _align(s.nbytes) for s in params.values()), default=0)
+    out, persist = {}, 0
+    for name, nid in g.params.items():
+        out[name] = Slot("persist", persist, g.nodes[nid].type.nbytes)
+        persist += _align(g.nodes[nid].type.nbytes)
+    return out, persist
+
+
+def arena_intervals(kg, persistent=()) -> dict:
+    """Live steps of every value in the arena: liveness over the kernel order, with program
+    inputs live from step 0 (they are copied in before the step); params are persistent."""
+    g = kg.graph
+    ivs = intervals(g, [k.nodes for k in kg.kernels], leaves=True, persistent=persistent,
+                    outputs=[kg.outputs_of(k) for k in kg.kernels], inlined=kg.inlined)
+    return {nid: (s, max(s, e)) for nid, (s, e) in ivs.items() if g.nodes[nid].op != "param"}
+
+
+def _inplace_operand(kg, kernel, t, ivs, kept):
+    """The operand (a buffer-owning value dying at step t) whose buffer the root of `kernel` can
+    take, or None. Only all-elementwise kernels whose root is their only buffered value, and
+    only an operand every member reads with the root's exact type (no broadcasting)."""
+    g = kg.graph
+    root = g.nodes[kernel.root]
+    if any(op_kind(g.nodes[m].op) != "elementwise" for m in kernel.nodes) or \
+            tuple(kg.outputs_of(kernel)) != (kernel.root,) or kernel.root not in ivs:
+        return None
+    same = {}
+    for m in kernel.nodes:
+        for i in g.nodes[m].inputs:
+            b = base(g, i)
+            same[b] = same.get(b, True) and g.nodes[i].type == root.type
+    for b, ok in same.items():
+        if ok and b in ivs and ivs[b][1] == t and b not in kept:
+            return b
+    return None
+
+
+def _pack(sizes, starts, ends):
+    """Offsets for buffers live over [start, end] steps: largest first, each in the smallest
+    gap that fits among the placed buffers live at the same time (else on top of them)."""
+    n = len(sizes)
+    offs = np.zeros(n, np.int64)
+    placed = np.zeros(n, bool)
+    s, e, z = np.asarray(starts), np.asarray(ends), np.asarray(sizes, np.int64)
+    for j in sorted(range(n), key=lambda j: (-sizes[j], starts[j], j)):
+        hit = placed & (s <= ends[j]) & (starts[j] <= e)
+        lo = offs[hit]
+        idx = np.argsort(lo, kind="stable")
+        lo, hi = lo[idx], (lo + z[hit])[idx]
+        best, best_gap, top = None, None, 0
+        for a, b in zip(lo.tolist(), hi.tolist()):
+            gap = a - top
+            if gap >= sizes[j] and (best_gap is None or gap < best_gap):
+                best, best_gap = top, gap
+            top = max(top, b)
+        offs[j] = top if best is None else best
+        placed[j] = True
+    return offs.tolist()
+
+
+def plan_memory(kg, params=None, reuse=True):
+    """Memory plan for a KernelGraph: returns (MemoryPlan, Report). `params` (name -> Slot)
+    places the params in an existing persistent region (a program sharing another's params);
+    `reuse=False` gives the naive plan (one buffer per value)."""
     g = kg.graph
     order = {nid: k.id for k in kg.kernels for nid in k.nodes}
-    if params is None:
-        params, persist = {}, 0
-        for name, nid in g.params.items():
-            params[name] = Slot("persist", persist, g.nodes[nid].type.nbytes)
-            persist += _align(g.nodes[nid].type.nbytes)
-    else:
-        params = {name: params[name] for name in g.params}
-        persist = max((s.offset + _align(s.nbytes) for s in params.values()), default=0)
+    params, persist = _persistent(g, params)
     slots = {g.params[name]: s for name, s in params.items()}
     inplace, copies = {}, []
     for name, uid in g.updates.items():
@@ -97,17 +190,36 @@ def plan_memory(kg, params=None):
             slots[uid] = params[name]
         elif uid != g.params[name]:
             copies.append((name, uid))
-    arena = 0
-    for n in g.nodes:
-        if n.id not in kg.live or n.id in slots or n.op == "param":
-            continue
-        if op_kind(n.op) == "view":
-            slots[n.id] = slots[_base(g, n.id)]
-            continue
-        slots[n.id] = Slot("arena", arena, n.type.nbytes)
-        arena += _align(n.type.nbytes)
-    plan = MemoryPlan(slots, arena, persist, params, copies, inplace)
-    rep = Report("memory", {"arena_bytes": arena, "persistent_bytes": persist,
-                            "buffers": len({s for s in slots.values()}),
-                            "updates_in_place": len(inplace), "updates_copied": len(copies)})
-    return plan, rep
+    ivs = arena_intervals(kg, persistent=set(inplace.values()))
+    kept = {base(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
+    owner = {nid: nid for nid in ivs}            # value -> first value of its buffer chain
+    reuses = {}
+    if reuse:
+        for t, k in enumerate(kg.kernels):
+            b = _inplace_operand(kg, k, t, ivs, kept)
+            if b is not None:
+                reuses[k.root] = b
+                owner[k.root] = owner[b]
+    chains = {}
+    for nid in sorted(ivs, key=lambda i: ivs[i]):
+        chains.setdefault(owner[nid], []).append(nid)
+    heads = list(chains)
+    sizes = [_align(max(g.nodes[i].type.nbytes for i in chains[h])) for h in heads]
+    starts = [ivs[chains[h][0]][0] for h in heads]
+    ends = [ivs[chains[h][-1]][1] for h in heads]
+    if reuse:
+        offs = _pack(sizes, starts, ends)
+    else:
+        offs = np.cumsum([0] + sizes[:-1]).tolist()
+    arena = max((o + z for o, z in zip(offs, sizes)), default=0)
+    for h, off in zip(heads, offs):
+        for nid in chains[h]:
+            slots[nid] = Slot("arena", int(off), g.nodes[nid].type.nbytes)
+    for nid in kg.live:
+        if op_kind(g.nodes[nid].op) == "view" and base(g, nid) in slots:
+            slots[nid] = slots[base(g, nid)]
+    prof = live_bytes(g, ivs, max(len(kg.kernels), 1))
+    plan = MemoryPlan(slots, int(arena), persist, params, copies, inplace, reuses, ivs,
+                      naive_bytes=sum(_align(g.nodes[i].type.nbytes) for i in ivs),
+                      lower_bound=max(prof, default=0))
+    return plan, Report("memory", {"plan": "reuse" if reuse else "naive", **plan.summary()})

@@ -10,10 +10,10 @@ Stages and their switches (jitgraph.compile arguments):
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
   checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
               passes/checkpoint.py); skipped with a report line if that pass is absent
-  fuse        always: groups nodes into kernels (`fuse=True` will enable real fusion once
-              that pass lands; today every configuration is one kernel per node)
-  memory      always: assigns buffers (`plan_memory=True` will enable reuse once that pass
-              lands; today every value has its own buffer)
+  fuse        always: groups nodes into kernels (`fuse=False`: one kernel per node)
+  schedule    with `plan_memory`: reorders independent kernels so buffers die early
+  memory      always: assigns buffers (`plan_memory=True`: liveness, in-place reuse, one
+              arena; `plan_memory=False`: one buffer per value, the naive baseline)
 """
 from __future__ import annotations
 
@@ -73,17 +73,24 @@ def _checkpoint(st):
         from .checkpoint import checkpoint
     except ImportError:
         return Report("checkpoint", {}, ["ignored: passes/checkpoint.py is not available"])
-    st.graph, rep = checkpoint(st.graph, st.options.checkpoint, loss=st.options.loss or "loss")
+    st.graph, rep = checkpoint(st.graph, st.options.checkpoint, loss=st.options.loss or "loss",
+                               fuse=st.options.fuse)
     return rep
 
 
 def _fuse(st):
-    st.kernels, rep = group_kernels(st.graph)
+    st.kernels, rep = group_kernels(st.graph, fuse=st.options.fuse)
+    return rep
+
+
+def _schedule(st):
+    from .schedule import schedule
+    st.kernels, rep = schedule(st.kernels)
     return rep
 
 
 def _memory(st):
-    st.memory, rep = plan_memory(st.kernels, st.options.param_slots)
+    st.memory, rep = plan_memory(st.kernels, st.options.param_slots, st.options.plan_memory)
     return rep
 
 
@@ -97,12 +104,13 @@ STAGES = [
     ("simplify", _simplify, _always),
     ("checkpoint", _checkpoint, lambda o: o.checkpoint is not None),
     ("fuse", _fuse, _always),
+    ("schedule", _schedule, lambda o: o.plan_memory),
     ("memory", _memory, _always),
 ]
 
 
 def _printed(stage, st):
-    if stage == "fuse":
+    if stage in ("fuse", "schedule"):
         return str(st.kernels)
     if stage == "memory":
         return st.memory.describe(st.graph)

@@ -1,12 +1,15 @@
 """The static executor: buffers allocated once, one native driver call per step.
 
 A Program owns two byte arrays: the arena (inputs, activations, gradients: every per-step
-value at its memory-plan offset) and the persistent region (params and optimizer state). `step`
+value at its memory-plan offset, values that are never live together sharing bytes) and the
+persistent region (params and optimizer state). With JITGRAPH_CHECK_PLANS=1 every plan is
+verified by passes/memory_check.py when the program is built. `step`
 copies the inputs into their slots, feeds the optimizer's per-step scalars (`opt/lr`,
 `opt/step`, `opt/apply`), calls the driver once and returns fresh copies of the outputs.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import MutableMapping
@@ -52,6 +55,9 @@ def build(graph, options: Options):
     """Pipeline + codegen + numba: returns (pipeline state, generated code, driver, stats)."""
     t0 = time.perf_counter()
     st = run_pipeline(graph, options)
+    if os.environ.get("JITGRAPH_CHECK_PLANS") == "1":
+        from jitgraph.passes.memory_check import check_plan
+        check_plan(st.kernels, st.memory)
     t1 = time.perf_counter()
     gen = generate(st.kernels, st.memory, cache.module_name)
     st.ir["kernels"] = gen.driver_source + "\n\n" + "\n\n".join(gen.kernels.values())
@@ -74,8 +80,9 @@ def build(graph, options: Options):
              "kernels_loaded": counts["loaded"], "kernels_reused": reused,
              "driver_cached": bool(dhits), "compile_seconds": t3 - t0, "numba_seconds": t3 - t2,
              "stage_seconds": {**st.timings, "lower": t2 - t1},
+             "bytes_moved": st.kernels.bytes_moved(),
              "arena_bytes": st.memory.arena_bytes, "workspace_bytes": gen.workspace_bytes,
-             "persistent_bytes": st.memory.persist_bytes,
+             "persistent_bytes": st.memory.persist_bytes, "memory": st.memory.summary(),
              "cache_dir": str(cache.cache_dir())}
     return st, gen, driver, stats
 

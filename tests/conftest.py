@@ -1,8 +1,11 @@
 """Shared fixtures: compiled programs use a kernel cache in a session-wide temporary directory
-(never the user's ~/.cache/jitgraph), reused by every test of the session."""
+(never the user's ~/.cache/jitgraph), reused by every test of the session; and every program
+the suite compiles has its memory plan verified (passes/memory_check.py)."""
 import os
 
 import pytest
+
+os.environ["JITGRAPH_CHECK_PLANS"] = "1"
 
 
 @pytest.fixture(scope="session", autouse=True)

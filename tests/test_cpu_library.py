@@ -231,7 +231,7 @@ def test_conv2d(dt, cfg):
     x, w = rand(rng, (N, C, H, W), dtype), rand(rng, (O, C, kh, kw), dtype)
     attrs = dict(stride=s, padding=p, dilation=d)
     want = ref("conv2d", x, w, **attrs)
-    work = np.empty(lib.workspace_size_conv2d(x.shape, w.shape, want.shape), dtype)
+    work = np.empty(lib.workspace_size_conv2d(x.shape, w.shape, want.shape, *s, *p, *d), dtype)
     params = s + p + d
     close(call(lib.conv2d, [x, w], want, work, *params), want, tol * 10)
     g = rand(rng, want.shape, dtype)

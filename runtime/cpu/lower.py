@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from jitgraph.ops.registry import get_op
 
 # A kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, where cost
 # is 1 + the number of math calls and divisions in its expression. Measured on the 2-core machine
@@ -35,9 +34,11 @@ class Call:
 
 @dataclass(frozen=True)
 class Workspace:
-    """A scratch-buffer argument: `size` elements of `dtype`, contents undefined on entry."""
+    """A scratch-buffer argument: `size` elements of `dtype`, contents undefined on entry, seen
+    as an array of `shape` (default 1-D)."""
     size: int
     dtype: str
+    shape: tuple = ()
 
 
 def literal(v) -> str:
@@ -87,51 +88,36 @@ def collapse(out_shape, in_shapes):
     return shape, full
 
 
-def elementwise(graph, n):
-    opdef = get_op(n.op)
-    ins = [graph.nodes[i] for i in n.inputs]
-    shape, full = collapse(n.type.shape, [x.type.shape for x in ins])
-    k = len(shape)
-    names = [f"x{j}" for j in range(len(ins))]
-    attrs = {a: literal(v) for a, v in n.attrs}
-    expr = opdef.expr.format(*names, **attrs)
-    cost = 1 + expr.count("math.") + expr.count("/")
-    par = n.type.size * cost >= PARALLEL_MIN_WORK and shape[0] > 1
-    idx = [f"i{ax}" for ax in range(k)]
-    loads = {}    # loop level -> load lines
-    for j, f in enumerate(full):
-        level = max([ax + 1 for ax in range(k) if f[ax]], default=0)
-        sub = ", ".join(idx[ax] if f[ax] else "0" for ax in range(k))
-        loads.setdefault(level, []).append(f"x{j} = a{j}[{sub}]")
-    lines = [f"{', '.join(f'n{ax}' for ax in range(k))}, = out.shape"]
-    lines += loads.get(0, [])
-    for ax in range(k):
-        rng = _range(par) if ax == 0 else "range"
-        lines.append("    " * ax + f"for i{ax} in {rng}(n{ax}):")
-        lines += ["    " * (ax + 1) + ln for ln in loads.get(ax + 1, [])]
-    lines.append("    " * k + f"out[{', '.join(idx)}] = {NP_DTYPE[n.type.dtype]}({expr})")
-    args = [(x.id, tuple(d if f[ax] else 1 for ax, d in enumerate(shape)))
-            for x, f in zip(ins, full)] + [(n.id, shape)]
-    src = _kernel([f"a{j}" for j in range(len(ins))] + ["out"], lines)
-    return [Call("KERNEL", args, src, par)]
-
-
 # ---- reductions ---------------------------------------------------------------------------
-def reduce_pattern(shape, axes):
-    """Collapse to alternating kept ('K') / reduced ('R') axes; size-1 axes dropped."""
-    pats = []
+def reduce_pattern(shape, axes, in_shapes=()):
+    """Collapse to alternating kept ('K') / reduced ('R') axes; size-1 axes dropped. Adjacent
+    axes also stay apart where an operand of a fused prologue (`in_shapes`, broadcasting into
+    `shape`) is full on one and broadcast on the other. Returns (pats, full flags per operand)."""
+    nd = len(shape)
+    pats = []   # (size, kind, flags)
     for ax, d in enumerate(shape):
         if d == 1:
             continue
+        flags = tuple(ax - (nd - len(s)) >= 0 and s[ax - (nd - len(s))] == d for s in in_shapes)
         kind = "R" if ax in axes else "K"
-        if pats and pats[-1][1] == kind:
-            pats[-1] = (pats[-1][0] * d, kind)
+        if pats and pats[-1][1:] == (kind, flags):
+            pats[-1] = (pats[-1][0] * d, kind, flags)
         else:
-            pats.append((d, kind))
-    return pats or [(1, "K")]
+            pats.append((d, kind, flags))
+    pats = pats or [(1, "K", tuple(True for _ in in_shapes))]
+    return [(d, k) for d, k, _ in pats], [tuple(p[2][j] for p in pats)
+                                          for j in range(len(in_shapes))]
 
 
-def reduction(graph, n):
+def plain_element(subs, store):
+    """The reduction operand itself at index `subs` (no prologue)."""
+    return [], "x[" + ", ".join(subs) + "]"
+
+
+def reduction(graph, n, pats=None, element=plain_element, args=None):
+    """Reduction node n. A fused prologue passes its collapsed pattern `pats`, an `element`
+    function (index subscripts, store?) -> (lines, expression) and its array args; without one
+    the kernel reads its operand x."""
     x = graph.nodes[n.inputs[0]]
     a = n.attr
     if n.op == "count_equal":
@@ -140,19 +126,24 @@ def reduction(graph, n):
     if not axes:
         # nothing reduced: the value is its operand (the references copy it)
         return elementwise_copy(n, x)
-    pats = reduce_pattern(x.type.shape, axes)
+    pats = pats or reduce_pattern(x.type.shape, axes)[0]
     xshape = tuple(d for d, _ in pats)
     kept = [ax for ax, (_, kd) in enumerate(pats) if kd == "K"]
     red = [ax for ax, (_, kd) in enumerate(pats) if kd == "R"]
     oshape = tuple(pats[ax][0] for ax in kept) or (1,)
     cost = 2 if n.op == "logsumexp" else 1
     par = x.type.size * cost >= PARALLEL_MIN_WORK and bool(kept) and kept[0] == 0 and xshape[0] > 1
-    if not red:   # every reduced axis had size 1
+    if not red and args is None:   # every reduced axis had size 1
         return fill(n, 0) if n.op == "argmax" else elementwise_copy(n, x)
     memory_order = pats[-1][1] == "K" and n.op in ("sum", "mean", "max")
-    lines = (_reduce_memory_order if memory_order else _reduce_rows)(n, xshape, kept, red, par)
-    src = _kernel(["x", "out"], lines)
-    return [Call("KERNEL", [(x.id, xshape), (n.id, oshape)], src, par)]
+    lines = (_reduce_memory_order if memory_order else _reduce_rows)(n, xshape, kept, red, par,
+                                                                   element)
+    head = [", ".join(f"n{ax}" for ax in range(len(xshape))) + f", = {literal(xshape)}"]
+    if args is None:
+        return [Call("KERNEL", [(x.id, xshape), (n.id, oshape)], _kernel(["x", "out"], head + lines),
+                     par)]
+    names, vals = args
+    return [Call("KERNEL", vals + [(n.id, oshape)], _kernel(names + ["out"], head + lines), par)]
 
 
 def fill(n, value):
@@ -174,58 +165,66 @@ def _loops(axes, par, depth):
     return lines
 
 
-def _reduce_rows(n, xshape, kept, red, par):
+def _reduce_rows(n, xshape, kept, red, par, element):
     """Kept axes outer, reduced axes inner, scalar accumulator (best when the last axis is
-    reduced)."""
+    reduced). The first inner loop visits every element once (a prologue stores there)."""
     nd = len(xshape)
-    X = "x[" + ", ".join(f"i{ax}" for ax in range(nd)) + "]"
-    X0 = "x[" + ", ".join("0" if ax in red else f"i{ax}" for ax in range(nd)) + "]"
+    at = [f"i{ax}" for ax in range(nd)]
+    at0 = ["0" if ax in red else f"i{ax}" for ax in range(nd)]
     O = "out[" + (", ".join(f"i{ax}" for ax in kept) if kept else "0") + "]"
     cast = NP_DTYPE[n.type.dtype]
     count = " * ".join(f"n{ax}" for ax in red)
-    lines = [", ".join(f"n{ax}" for ax in range(nd)) + ", = x.shape"]
-    lines += _loops(kept, par, 0)
+    lines = _loops(kept, par, 0)
     d = len(kept)
     pad = "    " * d
     inner = _loops(red, False, d)
     ipad = "    " * (d + len(red))
+
+    def elem(subs, store, p=ipad, var="v"):
+        pre, e = element(subs, store)
+        return [p + ln for ln in pre] + [p + f"{var} = {e}"]
+    first = inner + elem(at, True)
     if n.op in ("sum", "mean"):
-        lines += [pad + "acc = 0.0" if n.type.is_float else pad + "acc = 0"] + inner
-        lines += [ipad + f"acc += {X}"]
+        lines += [pad + ("acc = 0.0" if n.type.is_float else "acc = 0")] + first
+        lines += [ipad + "acc += v"]
         lines += [pad + f"{O} = {cast}(acc / ({count}))" if n.op == "mean" else pad + f"{O} = {cast}(acc)"]
     elif n.op == "max":
-        lines += [pad + f"acc = {X0}"] + inner + [ipad + f"v = {X}", ipad + "if v > acc:",
-                                                  ipad + "    acc = v", pad + f"{O} = acc"]
+        lines += elem(at0, False, pad, "acc") + first + [ipad + "if v > acc:", ipad + "    acc = v",
+                                                          pad + f"{O} = acc"]
     elif n.op == "argmax":
         (r,) = red
-        lines += [pad + f"best = {X0}", pad + "bi = 0"] + inner
-        lines += [ipad + f"v = {X}", ipad + "if v > best:", ipad + "    best = v",
-                  ipad + f"    bi = i{r}", pad + f"{O} = bi"]
+        lines += elem(at0, False, pad, "best") + [pad + "bi = 0"] + first
+        lines += [ipad + "if v > best:", ipad + "    best = v", ipad + f"    bi = i{r}",
+                  pad + f"{O} = bi"]
     elif n.op == "logsumexp":
-        lines += [pad + f"m = {X0}"] + inner + [ipad + f"v = {X}", ipad + "if v > m:",
-                                                ipad + "    m = v"]
+        lines += elem(at0, False, pad, "m") + first + [ipad + "if v > m:", ipad + "    m = v"]
         lines += [pad + "if not math.isfinite(m):", pad + "    m = 0.0", pad + "s = 0.0"]
-        lines += inner + [ipad + f"s += math.exp({X} - m)", pad + f"{O} = {cast}(math.log(s) + m)"]
+        lines += inner + elem(at, False) + [ipad + "s += math.exp(v - m)",
+                                            pad + f"{O} = {cast}(math.log(s) + m)"]
     else:   # pragma: no cover - reduction() only routes the ops above here
         raise AssertionError(n.op)
     return lines
 
 
-def _reduce_memory_order(n, xshape, kept, red, par):
+def _reduce_memory_order(n, xshape, kept, red, par, element):
     """Loops in memory order accumulating into `out` (best when the last axis is kept)."""
     nd = len(xshape)
-    X = "x[" + ", ".join(f"i{ax}" for ax in range(nd)) + "]"
-    X0 = "x[" + ", ".join("0" if ax in red else f"i{ax}" for ax in range(nd)) + "]"
+    at = [f"i{ax}" for ax in range(nd)]
+    at0 = ["0" if ax in red else f"i{ax}" for ax in range(nd)]
     O = "out[" + ", ".join(f"i{ax}" for ax in kept) + "]"
-    lines = [", ".join(f"n{ax}" for ax in range(nd)) + ", = x.shape"]
-    kpad = "    " * len(kept)
-    lines += _loops(kept, par, 0) + [kpad + f"{O} = {X0 if n.op == 'max' else '0'}"]
-    apad = "    " * nd
-    lines += _loops(list(range(nd)), par, 0)
+    kpad, apad = "    " * len(kept), "    " * nd
+    lines = _loops(kept, par, 0)
     if n.op == "max":
-        lines += [apad + f"v = {X}", apad + f"if v > {O}:", apad + f"    {O} = v"]
+        pre, e = element(at0, False)
+        lines += [kpad + ln for ln in pre] + [kpad + f"{O} = {e}"]
     else:
-        lines += [apad + f"{O} += {X}"]
+        lines += [kpad + f"{O} = 0"]
+    pre, e = element(at, True)
+    lines += _loops(list(range(nd)), par, 0) + [apad + ln for ln in pre] + [apad + f"v = {e}"]
+    if n.op == "max":
+        lines += [apad + f"if v > {O}:", apad + f"    {O} = v"]
+    else:
+        lines += [apad + f"{O} += v"]
     if n.op == "mean":
         count = " * ".join(f"n{ax}" for ax in red)
         lines += _loops(kept, par, 0) + [kpad + f"{O} = {O} / ({count})"]
@@ -251,9 +250,8 @@ def matmul(graph, n):
     xs, ws, os_ = x.type.shape, w.type.shape, n.type.shape
     head = [literal(ta), literal(tb), "1.0"]
     if len(ws) == 2 and (len(xs) == 2 or not ta):
-        rows = n.type.size // os_[-1] if os_[-1] else _prod(os_[:-1])
-        xv = (x.id, xs if len(xs) == 2 else (rows, xs[-1]))
-        return [Call(gemm, [*head, xv, (w.id, ws), "0.0", (n.id, (rows, os_[-1]))])]
+        w, xv, out = matmul_operands(graph, n)
+        return [Call(gemm, [*head, xv, (w.id, ws), "0.0", (n.id, out)])]
     ob = os_[:-2]
     nb = _prod(ob)
     lines = [f"for b in range({nb}):"]
@@ -265,6 +263,16 @@ def matmul(graph, n):
             (w.id, (_prod(ws[:-2]),) + ws[-2:]), (n.id, (nb,) + os_[-2:])]
     imp = (f"from jitgraph.runtime.cpu.blas import {gemm}",)
     return [Call("KERNEL", args, src, False, imp)]
+
+
+def matmul_operands(graph, n):
+    """(w node, x arg, output 2-D shape) of a matmul run as one 2-D GEMM (batched x folded
+    into rows)."""
+    x, w = (graph.nodes[i] for i in n.inputs)
+    os_ = n.type.shape
+    rows = n.type.size // os_[-1] if os_[-1] else _prod(os_[:-1])
+    return w, (x.id, x.type.shape if x.type.ndim == 2 else (rows, x.type.shape[-1])), \
+        (rows, os_[-1])
 
 
 def _prod(shape):

@@ -1,0 +1,123 @@
+"""MNIST training steps, jitgraph against PyTorch eager (NCHW and channels_last) and JAX jit when
+installed, measured in one process on the same batch: `python bench/mnist_peers.py [--steps N]`.
+
+Shared by bench/test_bench_mnist.py (pytest-benchmark). Each `*_step(model, batch)` returns a
+zero-argument function that runs one AdamW training step (lr 1e-3) on a fixed random batch;
+a peer that is not installed raises ImportError. Models: mnist-cnn (batch 100) and mnist-fc
+(batch 1000) as in jitgraph/models/mnist.py.
+"""
+import argparse
+import time
+
+import numpy as np
+
+import jitgraph as jg
+from jitgraph.models import MODELS
+
+BATCH = {"mnist-cnn": 100, "mnist-fc": 1000}
+
+
+def random_batch(batch, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((batch, 784), dtype=np.float32), rng.integers(0, 10, batch).astype(np.int32)
+
+
+def jitgraph_step(model, batch):
+    prog = jg.compile(MODELS[model](batch), loss="loss", optimizer=jg.optim.AdamW(lr=1e-3))
+    x, y = random_batch(batch)
+    return lambda: prog.step(x=x, y=y)
+
+
+def _torch_model(torch, model):
+    nn = torch.nn
+    if model == "mnist-fc":
+        return nn.Sequential(nn.Linear(784, 500), nn.ReLU(), nn.Linear(500, 10))
+    return nn.Sequential(nn.Unflatten(1, (1, 28, 28)),
+                         nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(784, 10))
+
+
+def torch_step(model, batch, channels_last=False):
+    import torch
+    torch.manual_seed(0)
+    net = _torch_model(torch, model)
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    xb, yb = random_batch(batch)
+    x, y = torch.from_numpy(xb), torch.from_numpy(yb).long()
+
+    def step():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def jax_step(model, batch):
+    import jax
+    import optax
+    jnp = jax.numpy
+    k = jax.random.split(jax.random.PRNGKey(0), 2)
+    params = {"w1": jax.random.uniform(k[0], (784, 500), minval=-0.036, maxval=0.036),
+              "b1": jnp.zeros(500), "b2": jnp.zeros(10),
+              "w2": jax.random.uniform(k[1], (500, 10), minval=-0.045, maxval=0.045)}
+    tx = optax.adamw(1e-3)
+
+    def loss_fn(p, x, y):
+        logits = jnp.maximum(x @ p["w1"] + p["b1"], 0) @ p["w2"] + p["b2"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def update(p, s, x, y):
+        loss, gr = jax.value_and_grad(loss_fn)(p, x, y)
+        upd, s = tx.update(gr, s, p)
+        return optax.apply_updates(p, upd), s, loss
+    xb, yb = random_batch(batch)
+    x, y, carry = jnp.asarray(xb), jnp.asarray(yb), [params, tx.init(params)]
+
+    def step():
+        carry[0], carry[1], loss = update(carry[0], carry[1], x, y)
+        loss.block_until_ready()
+    return step
+
+
+SYSTEMS = {"jitgraph": jitgraph_step, "torch": torch_step,
+           "torch-channels-last": lambda m, b: torch_step(m, b, channels_last=True),
+           "jax-jit": jax_step}
+PEERS = {"mnist-cnn": ["jitgraph", "torch", "torch-channels-last"],
+         "mnist-fc": ["jitgraph", "torch", "jax-jit"]}
+
+
+def median_ms(step, steps):
+    for _ in range(5):
+        step()
+    ts = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts)) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100)
+    args = ap.parse_args()
+    for model, batch in BATCH.items():
+        for name in PEERS[model]:
+            try:
+                step = SYSTEMS[name](model, batch)
+            except ImportError as e:
+                print(f"{model:10s} batch {batch:5d}  {name:20s} skipped: {e}")
+                continue
+            ms = median_ms(step, args.steps)
+            epoch = ms * (60000 // batch) / 1e3
+            print(f"{model:10s} batch {batch:5d}  {name:20s} {ms:8.2f} ms/step  "
+                  f"{epoch:6.2f} s per 60k-sample epoch")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""An independent check of a memory plan: no two values live at the same time share bytes.
+
+It recomputes what it needs from the kernels and the slots alone (not from the planner's
+intervals): a value in the arena is live from the kernel that writes it (program inputs: from
+the start of the step) to the last kernel that reads it or a view of it (outputs and values
+copied into params: to the end of the step). Two live values may share bytes only as an
+in-place reuse the backends support: the same slot, the root of an all-elementwise kernel over
+an operand of exactly its type that the kernel reads last and that is no output or update.
+A param's slot may take its update only after the param's last read, or in that last reading
+kernel when the update alone reads it there, elementwise and without broadcasting it; and the
+param must be no output.
+Every slot must lie inside its region. Errors name the values, their slots and live steps.
+`JITGRAPH_CHECK_PLANS=1` makes the executor run this on every program it builds.
+"""
+from __future__ import annotations
+
+from jitgraph.ir import LEAF_OPS
+from jitgraph.ops.registry import get_op
+
+
+def _kind(graph, nid):
+    op = graph.nodes[nid].op
+    return "leaf" if op in LEAF_OPS else get_op(op).kind
+
+
+def _root(graph, nid):
+    while _kind(graph, nid) == "view":
+        nid = graph.nodes[nid].inputs[0]
+    return nid
+
+
+def check_plan(kg, plan) -> None:
+    """Raise AssertionError naming the first conflict in `plan` (a MemoryPlan for `kg`)."""
+    g = kg.graph
+    n_steps = len(kg.kernels)
+    written, last = {}, {}
+    for t, k in enumerate(kg.kernels):
+        for nid in k.nodes:
+            written[nid] = t
+            for i in g.nodes[nid].inputs:
+                b = _root(g, i)
+                last[b] = max(last.get(b, -1), t)
+    kept = {_root(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
+    span = {}
+    for nid, s in plan.slots.items():
+        size = {"arena": plan.arena_bytes, "persist": plan.persist_bytes}[s.region]
+        assert 0 <= s.offset and s.offset + s.nbytes <= size and \
+            s.nbytes >= g.nodes[nid].type.nbytes, \
+            f"{g.label(nid)}: slot {s} outside its region ({size} B) or too small"
+        if s.region != "arena" or _kind(g, nid) == "view":
+            continue
+        first = 0 if g.nodes[nid].op == "input" else written[nid]
+        end = n_steps - 1 if nid in kept else last.get(nid, first)
+        span[nid] = (first, max(first, end))
+    _check_arena(g, kg, plan, span)
+    _check_persist(g, kg, plan, written, last)
+
+
+def _inplace_ok(g, kg, plan, old, new, span):
+    """May `new` share `old`'s bytes? Only as an in-place elementwise reuse."""
+    t = span[new][0]
+    k = kg.kernels[t]
+    if plan.slots[old] != plan.slots[new] or span[old][1] != t or k.nodes[-1] != new:
+        return False
+    if any(_kind(g, m) != "elementwise" for m in k.nodes):
+        return False
+    if any(m in plan.slots for m in k.nodes[:-1]):
+        return False
+    reads = [i for m in k.nodes for i in g.nodes[m].inputs if _root(g, i) == old]
+    kept = {_root(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
+    return bool(reads) and old not in kept and \
+        all(g.nodes[i].type == g.nodes[new].type for i in reads)
+
+
+def _check_arena(g, kg, plan, span):
+    """Sweep the steps; at each, sort the live values by offset and compare neighbours."""
+    n = max((e for _, e in span.values()), default=-1) + 1
+    starting = [[] for _ in range(n)]
+    for nid, (s, _) in span.items():
+        starting[s].append(nid)
+    live = []
+    for t in range(n):
+        live = [v for v in live if span[v][1] >= t] + starting[t]
+        live.sort(key=lambda v: plan.slots[v].offset)
+        reach = None                           # the value reaching furthest so far
+        for v in live:
+            sv = plan.slots[v]
+            if sv.nbytes == 0:
+                continue
+            if reach is not None:
+                sr = plan.slots[reach]
+                if sv.offset < sr.offset + sr.nbytes:
+                    assert _inplace_ok(g, kg, plan, reach, v, span) or \
+                        _inplace_ok(g, kg, plan, v, reach, span), \
+                        f"memory plan: {g.label(reach)} {sr} live {span[reach]} and " \
+                        f"{g.label(v)} {sv} live {span[v]} overlap"
+            if reach is None or sv.offset + sv.nbytes > plan.slots[reach].offset + \
+                    plan.slots[reach].nbytes:
+                reach = v
+
+
+def _check_persist(g, kg, plan, written, last):
+    params = {s for s in plan.params.values()}
+    assert len(params) == len(plan.params), "memory plan: two params share a slot"
+    ordered = sorted(params, key=lambda s: s.offset)
+    for a, b in zip(ordered, ordered[1:]):
+        assert a.offset + a.nbytes <= b.offset, f"memory plan: param slots {a} and {b} overlap"
+    outs = {_root(g, i) for i in g.outputs.values()}
+    assert len(set(plan.inplace.values())) == len(plan.inplace), \
+        "memory plan: one value is written in place into two params"
+    for name, uid in plan.inplace.items():
+        pid = g.params[name]
+        assert plan.slots[uid] == plan.params[name] and pid not in outs, \
+            f"memory plan: update {name} <- {g.label(uid)} in place, but the param is an output"
+        t = written[uid]
+        readers = [m for m in kg.kernels[t].nodes
+                   if any(_root(g, i) == pid for i in g.nodes[m].inputs)]
+        same_kernel = readers == [uid] and _kind(g, uid) == "elementwise" and \
+            all(g.nodes[i].type == g.nodes[uid].type for i in g.nodes[uid].inputs
+                if _root(g, i) == pid)
+        assert last.get(pid, -1) < t or (last[pid] == t and same_kernel), \
+            f"memory plan: update {name} <- {g.label(uid)} (kernel {t}) overwrites the param " \
+            f"while it is still read (last read in kernel {last.get(pid)})"

@@ -1,0 +1,382 @@
+"""Lowering of the kernels passes/fuse.py forms (elementwise, gemm, rows, cross_entropy) to
+numba source.
+
+Members compute into locals (`v<k>`, commented with their op; the driver lists each kernel's IR
+nodes); only a kernel's outputs are stored. Operands are loaded once per index (`x<k>`), hoisted
+to the loop level where they vary; inlined constants are literals. Locals are numbered by first
+use, not by node id, so equal kernels have equal source and compile once. Float literals are typed as the kernel's dtype
+(np.float32(1.0)), because a bare `1.0` is a float64 that promotes the whole expression and
+stops LLVM from vectorising f32 loops.
+"""
+from __future__ import annotations
+
+import re
+
+from jitgraph.ops.registry import get_op
+
+from jitgraph.passes.fuse import rows_flags
+
+from .lower import (NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, collapse, literal,
+                    matmul_operands, reduce_pattern, reduction)
+
+CHUNK = 8192     # elements per parallel work item of flat loops
+_FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)")
+
+
+def typed_literal(v, dtype) -> str:
+    lit = literal(v)
+    return f"np.float32({lit})" if dtype == "f32" and isinstance(v, float) else lit
+
+
+def scalar_expr(n, args) -> str:
+    """Node n's value from operand expressions `args`, cast to its dtype."""
+    dt = n.type.dtype
+    template = get_op(n.op).expr
+    if dt == "f32":
+        template = _FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
+    attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
+    return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
+
+
+def cost(n) -> int:
+    """Relative cost of one element of node n: 1 + its math calls and divisions."""
+    e = get_op(n.op).expr or ""
+    return 1 + e.count("math.") + e.count("/")
+
+
+class Builder:
+    """Accumulates a generated kernel's parameters (bound to Call args) and body lines."""
+
+    def __init__(self, graph, inlined):
+        self.g = graph
+        self.params, self.args, self.lines, self.names = [], [], [], {}
+        self.vals = {c: typed_literal(graph.nodes[c].attr["value"], graph.nodes[c].type.dtype)
+                     for c in inlined}
+
+    def local(self, nid, prefix="v") -> str:
+        """A node's local variable: numbered by first use, so equal kernels get equal source
+        (and compile once) whatever their node ids; the driver names the nodes."""
+        return f"{prefix}{self.names.setdefault(nid, len(self.names))}"
+
+    def arg(self, a, prefix="a") -> str:
+        if a in self.args and not isinstance(a, Workspace):
+            return self.params[self.args.index(a)]
+        self.params.append(f"{prefix}{len(self.params)}")
+        self.args.append(a)
+        return self.params[-1]
+
+    def members(self, nodes, pad, vals=None) -> list:
+        """Lines computing `nodes` in order into v<id> from `vals` (operand expressions)."""
+        vals = self.vals if vals is None else vals
+        lines = []
+        for m in nodes:
+            n = self.g.nodes[m]
+            lines.append(pad + f"{self.local(m)} = {scalar_expr(n, [vals[i] for i in n.inputs])}"
+                         f"  # {n.op}")
+            vals[m] = self.local(m)
+        return lines
+
+    def call(self, parallel, imports=()) -> Call:
+        return Call("KERNEL", self.args, (tuple(self.params), tuple(self.lines)), parallel,
+                    tuple(imports))
+
+
+def externals(g, members, vals) -> list:
+    mem = set(members)
+    out = []
+    for m in members:
+        for i in g.nodes[m].inputs:
+            if i not in mem and i not in vals and i not in out:
+                out.append(i)
+    return out
+
+
+def _work(g, members):
+    return sum(g.nodes[m].type.size * cost(g.nodes[m]) for m in members)
+
+
+# ---- elementwise (one or several domains, scalars first) ----------------------------------------
+def elementwise(g, kernel, inlined, b=None, preloaded=None) -> Call:
+    """Elementwise kernel: shape-() members once, then one loop nest per domain (shape); the
+    flat domains of a parallel kernel share one prange. `b`/`preloaded`: a builder that already
+    holds some values as arrays (node id -> array param; the GEMM result)."""
+    b = b or Builder(g, inlined)
+    outs = set(kernel.outputs)
+    scal = [m for m in kernel.nodes if g.nodes[m].type.shape == ()]
+    for i in externals(g, scal, b.vals):
+        b.lines.append(f"{b.local(i, 'x')} = {b.arg((i, (1,)))}[0]")
+        b.vals[i] = b.local(i, "x")
+    b.lines += b.members(scal, "")
+    b.lines += [f"{b.arg((m, (1,)), 'o')}[0] = {b.local(m)}" for m in scal if m in outs]
+    domains = {}
+    for m in kernel.nodes:
+        if g.nodes[m].type.shape != ():
+            domains.setdefault(g.nodes[m].type.shape, []).append(m)
+    par = _work(g, kernel.nodes) >= PARALLEL_MIN_WORK
+    flat = []
+    for shape, mems in domains.items():
+        seg = _segment(b, shape, mems, outs, preloaded or {})
+        if seg[0] == 1 and par and seg[2][0] > 1:
+            flat.append(seg)
+        else:
+            b.lines += seg[1] + _nest(seg, par and _work(g, mems) >= PARALLEL_MIN_WORK)
+    if flat:
+        b.lines += _chunked(flat)
+    return b.call(any("prange(" in ln for ln in b.lines))
+
+
+def _segment(b, domain, members, outs, preloaded):
+    """(axes, hoisted lines, shape, loads per loop level, member and store lines) of one
+    domain, collapsed to the fewest axes its operands' broadcasts allow."""
+    g = b.g
+    ext = externals(g, members, b.vals)
+    shape, full = collapse(domain, [g.nodes[i].type.shape for i in ext])
+    k = len(shape)
+    idx = [f"i{ax}" for ax in range(k)]
+    levels = {}
+    for i, f in zip(ext, full):
+        level = max([ax + 1 for ax in range(k) if f[ax]], default=0)
+        sub = ", ".join(idx[ax] if f[ax] else "0" for ax in range(k))
+        src = preloaded[i] if i in preloaded else \
+            b.arg((i, tuple(d if f[ax] else 1 for ax, d in enumerate(shape))))
+        levels.setdefault(level, []).append(f"{b.local(i, 'x')} = {src}[{sub}]")
+        b.vals[i] = b.local(i, "x")
+    at = ", ".join(idx)
+    body = b.members(members, "")
+    body += [f"{b.arg((m, shape), 'o')}[{at}] = {b.local(m)}" for m in members if m in outs]
+    body += [f"{b.arg((i, shape), 'o')}[{at}] = {b.local(i, 'x')}" for i in preloaded if i in outs]
+    return k, levels.pop(0, []), shape, levels, body
+
+
+def _nest(seg, par):
+    k, _, shape, levels, body = seg
+    lines = []
+    for ax in range(k):
+        rng = "prange" if par and ax == 0 and shape[0] > 1 else "range"
+        lines.append("    " * ax + f"for i{ax} in {rng}({shape[ax]}):")
+        lines += ["    " * (ax + 1) + ln for ln in levels.get(ax + 1, [])]
+    return lines + ["    " * k + ln for ln in body]
+
+
+def _chunked(segs):
+    """One prange over fixed-size chunks of every flat domain (one parallel launch)."""
+    hoisted, branches, start = [], [], 0
+    for _, pre, (n,), levels, body in segs:
+        hoisted += pre
+        nch = -(-n // CHUNK)
+        cond = "if" if not branches else "elif"
+        branches += [f"    {cond} c < {start + nch}:", f"        lo = (c - {start}) * {CHUNK}",
+                     f"        for i0 in range(lo, min(lo + {CHUNK}, {n})):"]
+        branches += ["            " + ln for ln in levels.get(1, []) + body]
+        start += nch
+    return hoisted + [f"for c in prange({start}):"] + branches
+
+
+def _overlap(a, b):
+    """Whether two (region, offset, nbytes) buffers share a byte (None: no buffer)."""
+    return a is not None and b is not None and a[0] == b[0] and \
+        a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
+
+
+# ---- GEMM + epilogue -----------------------------------------------------------------------------
+def gemm(g, kernel, inlined, slot_of) -> Call:
+    """The GEMM writes into a carrier buffer (an output of the kernel that shares no buffer with
+    an operand, else scratch space), then the epilogue runs over it while it is hot."""
+    n = g.nodes[kernel.anchor]
+    w, xv, (rows, ncols) = matmul_operands(g, n)
+    ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
+    carrier = next((m for m in reversed(kernel.outputs)
+                    if g.nodes[m].type.shape == n.type.shape and
+                    g.nodes[m].type.dtype == n.type.dtype and
+                    not any(_overlap(slot_of(m), s) for s in ins)), None)
+    epi = tuple(m for m in kernel.nodes if m != n.id)
+    b = Builder(g, inlined)
+    shape, _ = collapse(n.type.shape, [g.nodes[i].type.shape for i in externals(g, epi, b.vals)
+                                       if i != n.id])
+
+    def view(shp):
+        return (carrier, shp) if carrier is not None else \
+            Workspace(rows * ncols, n.type.dtype, shp)
+    xa, wa, ca = b.arg(xv), b.arg((w.id, w.type.shape)), b.arg(view((rows, ncols)), "c")
+    b.lines += [f"gemm_{n.type.dtype}({literal(n.attr['ta'])}, {literal(n.attr['tb'])}, 1.0, "
+                f"{xa}, {wa}, 0.0, {ca})"]
+    cflat = ca if shape == (rows, ncols) else b.arg(view(shape), "c")
+    call = elementwise(g, type(kernel)(kernel.id, epi, "elementwise", kernel.outputs), inlined,
+                       b, {n.id: cflat})
+    call.imports = (f"from jitgraph.runtime.cpu.blas import gemm_{n.type.dtype}",)
+    return call
+
+
+# ---- reduction with an elementwise prologue -------------------------------------------------------
+def reduce(g, kernel, inlined):
+    n = g.nodes[kernel.anchor]
+    x = g.nodes[n.inputs[0]]
+    pro = [m for m in kernel.nodes if m != n.id]
+    b = Builder(g, inlined)
+    ext = externals(g, pro, b.vals)
+    axes = (n.attr["axis"],) if n.op == "argmax" else n.attr["axes"]
+    pats, full = reduce_pattern(x.type.shape, axes, [g.nodes[i].type.shape for i in ext])
+    xshape = tuple(d for d, _ in pats)
+    names = [b.arg((i, tuple(d if f[ax] else 1 for ax, d in enumerate(xshape))))
+             for i, f in zip(ext, full)]
+    stores = [(m, b.arg((m, xshape), "o")) for m in pro if m in kernel.outputs]
+
+    def element(subs, store):
+        vals = dict(b.vals)
+        lines = []
+        for i, f, name in zip(ext, full, names):
+            sub = ", ".join(s if f[ax] else "0" for ax, s in enumerate(subs))
+            lines.append(f"{b.local(i, 'x')} = {name}[{sub}]")
+            vals[i] = b.local(i, "x")
+        lines += b.members(pro, "", vals)
+        if store:
+            lines += [f"{o}[{', '.join(subs)}] = {b.local(m)}" for m, o in stores]
+        return lines, vals[x.id]
+    return reduction(g, n, pats, element, (b.params, b.args))
+
+
+# ---- row ops over the last axis with prologue and epilogue ------------------------------------------
+# op -> (passes over the row: (setup, per element, after), the element's value). {0}, {1}: the
+# operands at (r, j); accumulators are float64, factors used per element are cast to {T}.
+_SOFTMAX_PASSES = (
+    (["m = -math.inf"], ["m = max(m, {0})"],
+     ["if not math.isfinite(m):", "    m = 0.0", "mt = {T}(m)"]),
+    (["s = 0.0"], ["s += math.exp({0} - mt)"], ["inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"]))
+_LN_MEAN = (["mu = 0.0"], ["mu += {0}"], ["mu = mu / {D}", "mut = {T}(mu)"])
+ROW_TEMPLATES = {
+    "softmax": (_SOFTMAX_PASSES, "math.exp({0} - mt) * inv"),
+    "log_softmax": (_SOFTMAX_PASSES, "({0} - mt) - lg"),
+    "softmax_back": (((["dot = 0.0"], ["dot += {1} * {0}"], ["dt = {T}(dot)"]),),
+                     "{0} * ({1} - dt)"),
+    "rms_norm": (((["ss = 0.0"], ["ss += {0} * {0}"],
+                   ["rs = {T}(1.0 / math.sqrt(ss / {D} + {eps}))"]),), "{0} * rs"),
+    "layer_norm": ((_LN_MEAN, (["var = 0.0"], ["xc = {0} - mut", "var += xc * xc"],
+                               ["rs = {T}(1.0 / math.sqrt(var / {D} + {eps}))"])),
+                   "({0} - mut) * rs"),
+    "rms_norm_back": (((["ss = 0.0", "gx = 0.0"], ["ss += {0} * {0}", "gx += {1} * {0}"],
+                       ["q = 1.0 / math.sqrt(ss / {D} + {eps})", "rs = {T}(q)",
+                        "k = {T}(q * q * gx / {D})"]),), "rs * ({1} - {0} * k)"),
+    "layer_norm_back": ((_LN_MEAN, (["var = 0.0", "sg = 0.0", "sgx = 0.0"],
+                                    ["xc = {0} - mut", "var += xc * xc", "sg += {1}",
+                                     "sgx += {1} * xc"],
+                                    ["q = 1.0 / math.sqrt(var / {D} + {eps})", "rs = {T}(q)",
+                                     "mg = {T}(sg / {D})", "k = {T}(sgx * q * q / {D})"])),
+                        "rs * ({1} - mg - ({0} - mut) * k)"),
+}
+
+
+def _ancestors(g, members, roots):
+    mem, out, todo = set(members), set(), list(roots)
+    while todo:
+        i = todo.pop()
+        if i in mem and i not in out:
+            out.add(i)
+            todo.extend(g.nodes[i].inputs)
+    return [m for m in members if m in out]
+
+
+# softmax storing exp(x - m) in its output row (one exp per element), when that buffer shares
+# no byte with an operand the last pass reads again
+_SOFTMAX_STORED = ((_SOFTMAX_PASSES[0], (["s = 0.0"], ["e = math.exp({0} - mt)", "{buf}[r, j] = e",
+                                                     "s += e"], ["inv = {T}(1.0 / s)"])),
+                   "{buf}[r, j] * inv")
+
+
+def rows(g, kernel, inlined, slot_of):
+    """Row op over [R, D] (D the last axis): its passes over each row recompute the prologue
+    from the loaded operands; the last pass computes the row op's value and the epilogue and
+    stores the outputs."""
+    n = g.nodes[kernel.anchor]
+    shape, D = n.type.shape, n.type.shape[-1]
+    R = n.type.size // D
+    b = Builder(g, inlined)
+    passes, final = ROW_TEMPLATES[n.op]
+    ins = [slot_of(i) for i in externals(g, kernel.nodes, b.vals)]
+    fmt = {"T": NP_DTYPE[n.type.dtype], "D": D,
+           "eps": typed_literal(n.attr.get("eps", 0.0), "f64")}
+    if n.op == "softmax" and n.id in kernel.outputs and \
+            not any(_overlap(slot_of(n.id), s) for s in ins):
+        passes, final = _SOFTMAX_STORED
+        fmt["buf"] = b.arg((n.id, (R, D)), "o")
+    ext = externals(g, kernel.nodes, b.vals)
+    levels = {0: [], 1: [], 2: []}
+    for i in ext:
+        rf, cf = rows_flags(shape, g.nodes[i].type.shape)
+        a = b.arg((i, (R if rf else 1, D if cf else 1)))
+        levels[2 if cf else 1 if rf else 0].append(f"{b.local(i, 'x')} = {a}[{'r' if rf else 0}, "
+                                                   f"{'j' if cf else 0}]")
+        b.vals[i] = b.local(i, "x")
+    before = [m for m in kernel.nodes if m < n.id]
+    pro = _ancestors(g, before, n.inputs)
+    lines = []
+    for setup, per, after in passes:
+        vals = dict(b.vals)
+        body = b.members(pro, "", vals)
+        ops = [vals[i] for i in n.inputs]
+        lines += [ln.format(*ops, **fmt) for ln in setup] + ["for j in range(D):"]
+        lines += ["    " + ln for ln in levels[2] + body + [p.format(*ops, **fmt) for p in per]]
+        lines += [ln.format(*ops, **fmt) for ln in after]
+    vals = dict(b.vals)
+    body = b.members(before, "", vals)
+    body.append(f"{b.local(n.id)} = {fmt['T']}({final.format(*[vals[i] for i in n.inputs], **fmt)})"
+                f"  # {n.op}")
+    vals[n.id] = b.local(n.id)
+    body += b.members([m for m in kernel.nodes if m > n.id], "", vals)
+    body += [f"{b.arg((m, (R, D)), 'o')}[r, j] = {b.local(m)}" for m in kernel.nodes
+             if m in kernel.outputs]
+    lines += ["for j in range(D):"] + ["    " + ln for ln in levels[2] + body]
+    work = n.type.size * (len(passes) + 1) * (1 + sum(cost(g.nodes[m]) for m in before))
+    par = work >= PARALLEL_MIN_WORK and R > 1
+    b.lines = levels[0] + [f"D = {D}", f"for r in {'prange' if par else 'range'}({R}):"] + \
+        ["    " + ln for ln in levels[1] + lines]
+    return b.call(par)
+
+
+# ---- cross_entropy with its backward --------------------------------------------------------------
+def cross_entropy(g, kernel, inlined):
+    """Loss and gradient in one pass over the logits: per row max, sum of exponentials, then the
+    loss term and softmax * sum(target) - target, times g / N."""
+    fwd, back = (g.nodes[m] for m in kernel.nodes)
+    b = Builder(g, inlined)
+    lg, tg, gg = (g.nodes[i] for i in back.inputs)
+    N, C = lg.type.shape
+    T = NP_DTYPE[lg.type.dtype]
+    labels = tg.type.dtype == "i32"
+    la = b.arg((lg.id, (N, C)))
+    ta = b.arg((tg.id, (N,) if labels else (N, C)))
+    gv = b.vals.get(gg.id) or f"{b.arg((gg.id, (1,)))}[0]"
+    lo, go = b.arg((fwd.id, (1,)), "o"), b.arg((back.id, (N, C)), "o")
+    par = N * C * 8 >= PARALLEL_MIN_WORK and N > 1
+    lines = [f"gs = {T}({gv} / {N})", "total = 0.0",
+             f"for r in {'prange' if par else 'range'}({N}):",
+             "    m = -math.inf", f"    for j in range({C}):", f"        m = max(m, {la}[r, j])",
+             "    if not math.isfinite(m):", "        m = 0.0", f"    mt = {T}(m)", "    s = 0.0",
+             f"    for j in range({C}):", f"        s += math.exp({la}[r, j] - mt)",
+             "    lse = m + math.log(s)", f"    inv = {T}(1.0 / s)"]
+    if labels:
+        lines += [f"    y = {ta}[r]", f"    if y < 0 or y >= {C}:", "        total += math.nan",
+                  "        y = 0", f"    total += lse - {la}[r, y]", f"    for j in range({C}):",
+                  f"        p = math.exp({la}[r, j] - mt) * inv",
+                  f"        {go}[r, j] = (p - (1.0 if j == y else 0.0)) * gs"]
+    else:
+        lines += ["    ts = 0.0", f"    for j in range({C}):", f"        t = {ta}[r, j]",
+                  "        ts += t", f"        total += t * (lse - {la}[r, j])", f"    tt = {T}(ts)",
+                  f"    for j in range({C}):", f"        p = math.exp({la}[r, j] - mt) * inv",
+                  f"        {go}[r, j] = (p * tt - {ta}[r, j]) * gs"]
+    b.lines = lines + [f"{lo}[0] = {T}(total / {N})"]
+    return b.call(par)
+
+
+def lower_kernel(g, kg, kernel, slot_of):
+    """Calls running a fused kernel (kinds of passes/fuse.py other than "node")."""
+    if kernel.kind == "elementwise":
+        return [elementwise(g, kernel, kg.inlined)]
+    if kernel.kind == "gemm":
+        return [gemm(g, kernel, kg.inlined, slot_of)]
+    if kernel.kind == "rows":
+        return [rows(g, kernel, kg.inlined, slot_of)]
+    if kernel.kind == "reduce":
+        return reduce(g, kernel, kg.inlined)
+    if kernel.kind == "cross_entropy":
+        return [cross_entropy(g, kernel, kg.inlined)]
+    raise AssertionError(kernel.kind)

@@ -1,0 +1,249 @@
+"""The fusion pass: fused, unfused and the interpreter agree on every fusion pattern (elementwise
+chains with broadcasts and several outputs, reductions with prologues, row ops with prologue and
+epilogue, GEMM epilogues, cross-entropy forward + backward, the optimizer update, whole
+training steps), and the fuse IR shows the groups."""
+import numpy as np
+import pytest
+
+import jitgraph as jg
+from jitgraph.ops import apply
+from jitgraph.passes.fuse import group_kernels, rows_flags
+from jitgraph.passes.pipeline import Options, run_pipeline
+from jitgraph.runtime.cpu.lower import PARALLEL_MIN_WORK
+
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-11, atol=1e-12),
+       np.int32: dict(rtol=0, atol=0)}
+
+
+def feeds_for(g, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, nid in g.inputs.items():
+        t = g.nodes[nid].type
+        if t.dtype == "i32":
+            out[name] = rng.integers(0, 5, t.shape).astype(np.int32)
+        elif name.startswith("pos"):
+            out[name] = rng.uniform(0.5, 2.0, t.shape).astype(t.np_dtype)
+        else:
+            out[name] = rng.standard_normal(t.shape).astype(t.np_dtype)
+    return out
+
+
+def check(g, min_fused=1):
+    """Fused and unfused programs both match the interpreter on every output; the fused one
+    has at least `min_fused` multi-node kernels. Returns the fused program."""
+    feeds = feeds_for(g)
+    ref = jg.interp.run(g, feeds, {})
+    fused = jg.compile(g, fuse=True)
+    assert sum(k.kind != "node" and len(k.nodes) > 1
+               for k in fused._state.kernels.kernels) >= min_fused, fused.ir("fuse")
+    for prog in (fused, jg.compile(g, fuse=False)):
+        got = prog.run(**feeds)
+        for k, v in ref.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+            np.testing.assert_allclose(got[k], v, err_msg=k, **TOL[v.dtype.type])
+    return fused
+
+
+def kernel_graph(g, **opts):
+    return run_pipeline(g, Options(**opts)).kernels
+
+
+# ---- grouping ------------------------------------------------------------------------------
+def test_chain_is_one_kernel_with_an_output_per_value_read_outside():
+    g = jg.Graph("chain")
+    x, y = g.input("x", (5, 7)), g.input("y", (7,))
+    h = jg.tanh(x * y + x)
+    out = jg.relu(jg.sigmoid(jg.sqr(h) - y) * x)
+    g.output(out=out, h=h)
+    kg = kernel_graph(g)
+    (k,) = kg.kernels
+    assert k.kind == "elementwise" and len(k.nodes) == 8
+    assert set(k.outputs) == {h.id, out.id}          # h is a graph output too
+    assert kg.outputs_of(k) == k.outputs
+    assert len(kernel_graph(g, fuse=False).kernels) == 8
+
+
+def test_bytes_moved_counts_only_values_crossing_kernels():
+    g = jg.Graph("bytes")
+    x = g.input("x", (4, 8))
+    g.output(out=jg.exp(jg.exp(x) + 1.0))
+    one = 4 * 8 * 4
+    assert kernel_graph(g).bytes_moved() == 2 * one                   # read x, write out
+    # exp: x -> t; full: -> c (4 B); add: t, c -> u; exp: u -> out
+    assert kernel_graph(g, fuse=False).bytes_moved() == 6 * one + 2 * 4
+
+
+def test_no_group_spans_a_node_outside_it():
+    # d = c * s with c = exp(a) and s = softmax(c) over axis 0 (not fusable): d may not join c's
+    # kernel, which would have to run both before and after s
+    g = jg.Graph("convex")
+    a = g.input("a", (3, 4))
+    c = jg.exp(a)
+    s = jg.softmax(c, axis=0)
+    d = c * s
+    g.output(d=d)
+    kg = kernel_graph(g)
+    home = {nid: k.id for k in kg.kernels for nid in k.nodes}
+    assert home[c.id] < home[s.id] < home[d.id]
+    check(g, min_fused=0)
+
+
+def test_rows_flags():
+    assert rows_flags((4, 3, 5), (5,)) == (False, True)
+    assert rows_flags((4, 3, 5), (4, 3, 1)) == (True, False)
+    assert rows_flags((4, 3, 5), (4, 1, 5)) is None
+    assert rows_flags((4, 1, 5), (4, 1, 5)) == (True, True)
+
+
+def mlp(batch=8, n_in=13, hidden=11, n_out=5):
+    g = jg.Graph("mlp")
+    x, y = g.input("x", (batch, n_in)), g.input("y", (batch,), "i32")
+    w1 = g.param("w1", (n_in, hidden), init=jg.init.he_normal())
+    b1 = g.param("b1", (hidden,), init=jg.init.normal(0.0, 0.1))
+    w2 = g.param("w2", (hidden, n_out), init=jg.init.he_normal())
+    b2 = g.param("b2", (n_out,))
+    g.output(loss=jg.cross_entropy(jg.relu(x @ w1 + b1) @ w2 + b2, y))
+    return g
+
+
+def test_mlp_training_program_has_three_times_fewer_kernels():
+    opts = dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-3))
+    st = run_pipeline(mlp(), Options(**opts))
+    unfused = kernel_graph(mlp(), fuse=False, **opts)
+    assert len(unfused.kernels) >= 3 * len(st.kernels.kernels)
+    assert st.kernels.bytes_moved() < unfused.bytes_moved()
+    text = st.ir["fuse"]
+    assert "[gemm]" in text and "[cross_entropy]" in text and "matmul, %" in text
+    assert "bytes_moved=" in text
+
+
+# ---- fused kernels agree with unfused and the interpreter ------------------------------------
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_elementwise_chains_with_broadcasts(dt):
+    g = jg.Graph(f"ew_{dt}")
+    a, b = g.input("a", (7, 1, 5), dt), g.input("b", (3, 5), dt)
+    s, p = g.input("s", (), dt), g.input("pos_p", (7, 3, 5), dt)
+    big, bias = g.input("big", (301, 1873), dt), g.input("bias", (1873,), dt)
+    assert 301 * 1873 * 3 >= PARALLEL_MIN_WORK      # the big chain runs in parallel chunks
+    h = jg.tanh(a * b + s)
+    g.output(h=h, out=jg.gelu(h / p - jg.full_like(p, 0.5)) * 2.0 + jg.clamp(a, lo=0.0),
+             big=jg.sigmoid(jg.relu(big + bias) * 3.0), bigsq=jg.sqr(big - bias),
+             sc=jg.exp(s * s + 1.0), w=jg.where(jg.step(a), b, a))
+    check(g)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_reductions_with_prologue(dt):
+    g = jg.Graph(f"red_{dt}")
+    x, w = g.input("x", (6, 11, 13), dt), g.input("w", (13,), dt)
+    r = g.input("r", (6, 11, 1), dt)
+    sq = jg.sqr(x * w)
+    g.output(sumsq=jg.sum(jg.sqr(x)), mean_last=jg.mean(x * w + r, axis=-1),
+             max0=jg.max(jg.exp(x - r), axis=0), lse=jg.logsumexp(x * 0.5, axis=(1, 2)),
+             am=jg.argmax(jg.abs(x) * w, axis=1), cols=jg.sum(sq, axis=(0, 1), keepdims=True),
+             sq=sq)
+    check(g, min_fused=5)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_row_ops_with_prologue_and_epilogue(dt):
+    g = jg.Graph(f"rows_{dt}")
+    x, gr = g.input("x", (4, 3, 37), dt), g.input("g", (4, 3, 37), dt)
+    w, b = g.input("w", (37,), dt), g.input("b", (37,), dt)
+    r = g.input("r", (4, 3, 1), dt)
+    y = jg.softmax(x * 0.25 + r)
+    g.output(sm=y, lsm=jg.log_softmax(x - w) * 2.0,
+             ln=jg.layer_norm(x + gr, w, b), rms=jg.rms_norm(jg.silu(x), w),
+             smb=apply("softmax_back", y, gr * w, axis=2),
+             rmsb=apply("rms_norm_back", x * w, gr, eps=1e-6) + x,
+             lnb=apply("layer_norm_back", x, gr * 2.0, eps=1e-5))
+    prog = check(g, min_fused=5)
+    assert "[rows]" in prog.ir("fuse")
+
+
+def test_row_ops_fuse_large_rows_in_parallel():
+    g = jg.Graph("rows_big")
+    x = g.input("x", (512, 1024))
+    g.output(out=jg.layer_norm(jg.softmax(x * 0.125) * 3.0, g.input("w", (1024,))))
+    check(g, min_fused=1)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_gemm_epilogues(dt):
+    g = jg.Graph(f"gemm_{dt}")
+    x, w, b = g.input("x", (9, 17), dt), g.input("w", (17, 23), dt), g.input("b", (23,), dt)
+    res = g.input("res", (9, 23), dt)
+    xb = g.input("xb", (2, 3, 17), dt)
+    h = x @ w + b
+    g.output(gelu=jg.gelu(h), h=h, resid=(x @ w) * 0.5 + res,
+             tr=jg.relu(jg.matmul(x, res, ta=True) - 1.0),
+             raw=jg.matmul(x, res, ta=True),     # the GEMM's own value is read outside too
+             batched=jg.tanh(xb @ w + b))
+    check(g, min_fused=3)
+
+
+def test_gemm_epilogue_never_overwrites_an_operand():
+    # h = x @ w + x_sq: the result may not be written over an operand the epilogue still reads
+    g = jg.Graph("carrier")
+    x, w = g.input("x", (8, 8)), g.input("w", (8, 8))
+    h = x @ w + jg.sqr(x)
+    g.output(out=jg.relu(h @ w + h))
+    check(g, min_fused=1)
+
+
+@pytest.mark.parametrize("labels", [True, False])
+def test_cross_entropy_forward_and_backward_in_one_kernel(labels):
+    g = jg.Graph("ce")
+    logits = g.input("logits", (9, 7))
+    t = g.input("y", (9,), "i32") if labels else jg.softmax(g.input("t", (9, 7)))
+    g.output(loss=jg.cross_entropy(logits, t),
+             grad=apply("cross_entropy_back", logits, t, g.input("pos_g", ())))
+    prog = check(g)
+    assert "[cross_entropy]" in prog.ir("fuse")
+
+
+# ---- training steps: fused vs unfused vs interpreter -------------------------------------------
+def train_compare(g, opt, steps=3, rtol=2e-4, atol=2e-5):
+    """Fused and unfused training steps against the interpreter, step for step."""
+    progs = [jg.compile(g, loss="loss", optimizer=opt, fuse=f) for f in (True, False)]
+    tg = jg.training_graph(g, loss="loss", optimizer=opt)
+    state = tg.init_params(0)
+    for i in range(steps):
+        b = feeds_for(g, i)
+        ref = jg.interp.run(tg, {**b, **opt.runtime_inputs(i)}, state)   # updates `state`
+        for prog in progs:
+            np.testing.assert_allclose(prog.step(**b)["loss"], ref["loss"], rtol=rtol, atol=atol)
+            for k in prog.params:
+                np.testing.assert_allclose(prog.params[k], state[k], rtol=rtol, atol=atol,
+                                           err_msg=f"step {i} {k}")
+            for k in prog.state:
+                np.testing.assert_allclose(prog.state[k], state[k], rtol=rtol, atol=atol,
+                                           err_msg=f"step {i} {k}")
+    return progs[0]
+
+
+def test_adamw_update_is_one_kernel_and_matches():
+    g = mlp()
+    prog = train_compare(g, jg.optim.AdamW(lr=1e-2, weight_decay=0.1))
+    kernels = prog._state.kernels.kernels
+    # every update op sits in one elementwise kernel or in the epilogue of its gradient's GEMM
+    homes = {k.kind for k in kernels if any(prog.graph.nodes[m].op == "adam_step" for m in k.nodes)}
+    assert homes <= {"elementwise", "gemm"}
+    assert sum(k.kind == "elementwise" and any(prog.graph.nodes[m].op == "adam_step"
+                                               for m in k.nodes) for k in kernels) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mnist_mlp_b100", "mnist_cnn_b100", "transformer_block"])
+def test_workload_training_steps_fused_match_unfused(name):
+    from jitgraph import workloads
+    w = workloads.WORKLOADS[name](scale=0.1)
+    progs = [jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, fuse=f) for f in (True, False)]
+    for _ in range(2):
+        a, b = (p.step(**w.feeds)["loss"] for p in progs)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    for k in progs[1].params:   # Adam steps ~lr in the sign of tiny gradients: atol lr / 10
+        np.testing.assert_allclose(progs[0].params[k], progs[1].params[k], rtol=1e-3, atol=1e-4,
+                                   err_msg=k)
+    assert progs[0].stats()["kernels"] < progs[1].stats()["kernels"]
