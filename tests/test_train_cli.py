@@ -86,3 +86,16 @@ def test_fit_rejects_bad_batches():
         jg.fit(jg.models.mnist_fc(100), ds, logical_batch=150, progress=False)
     with pytest.raises(ValueError, match="differs from the graph"):
         jg.fit(jg.models.mnist_fc(100), ds, batch_size=50, progress=False)
+
+
+def test_dump_prints_each_stage(capsys):
+    assert cli.main(["dump", "mnist-fc", "--stage", "graph"]) == 0
+    graph = capsys.readouterr().out
+    assert graph.startswith("graph ")
+    assert "matmul(" in graph and "cross_entropy(" in graph
+    assert cli.main(["dump", "mnist-fc", "--stage", "optimizer"]) == 0
+    opt = capsys.readouterr().out
+    assert "update fc1.weight <- " in opt and "state(" in opt
+    assert cli.main(["dump", "mnist-fc", "--stage", "kernels"]) == 0
+    src = capsys.readouterr().out
+    assert "matmul" in src and "# %" in src
