@@ -225,3 +225,78 @@ def test_every_registered_op_is_covered_by_these_tests():
     covered = {n.op for g in graphs for n in g.nodes}
     missing = set(OPS) - covered - {"test_only_op"}
     assert not missing, f"ops without a compiled-vs-interpreter test: {sorted(missing)}"
+
+
+# ---- float32 exp/tanh approximations (runtime/cpu/approx.py) ---------------------------------
+def _ulps(got, exact):
+    """|got - exact| in units of the float32 spacing at the exact value."""
+    return np.abs(got.astype(np.float64) - exact) / np.spacing(np.abs(exact).astype(np.float32))
+
+
+def test_f32_exp_and_tanh_approximations_are_within_2_ulp():
+    from numba import njit
+
+    from jitgraph.runtime.cpu.approx import fexp, ftanh
+
+    @njit(error_model="numpy")
+    def apply_both(x, e, t):
+        for i in range(x.shape[0]):
+            e[i] = fexp(x[i])
+            t[i] = ftanh(x[i])
+    x = np.concatenate([np.linspace(-87.3, 88.7, 200_001), np.linspace(-3, 3, 100_001),
+                        np.logspace(-30, 1.5, 10_001), -np.logspace(-30, 1.5, 10_001)])
+    x = x.astype(np.float32)
+    e, t = np.empty_like(x), np.empty_like(x)
+    apply_both(x, e, t)
+    x64 = x.astype(np.float64)
+    assert _ulps(e, np.exp(x64)).max() <= 2
+    assert _ulps(t, np.tanh(x64)).max() <= 2
+    special = np.array([np.nan, np.inf, -np.inf, 89.0, -88.0, -1e4, 1e4, 0.0], np.float32)
+    e, t = np.empty_like(special), np.empty_like(special)
+    apply_both(special, e, t)
+    np.testing.assert_array_equal(e, [np.nan, np.inf, 0, np.inf, 0, 0, np.inf, 1])
+    np.testing.assert_array_equal(t, [np.nan, 1, -1, 1, -1, -1, 1, 0])
+
+
+# ---- fused kernels write every element of every output -------------------------------------
+def _kernel_outputs_on_nan_arena(prog, feeds):
+    """Run prog's kernels one by one on an arena of NaNs; after each, yield (kernel, node id,
+    value in its buffer). The buffers of later kernels may reuse it, so check it right away."""
+    import sys
+
+    from jitgraph.runtime.executor import _view
+    g, plan = prog._state.graph, prog._state.memory
+    prog._arena[:] = 0xFF
+    prog._feed(feeds)
+    for k, v in prog._runtime_views.items():
+        v[...] = prog.options.optimizer.runtime_inputs(0)[k]
+    base = {"arena": prog._arena.ctypes.data, "persist": prog._persist.ctypes.data}
+    kernel_of = {k.root: k for k in prog._state.kernels.kernels}
+    for nid, name, addrs in prog._gen.calls:
+        getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes(
+            *[base[r] + off for r, off in addrs])
+        k = kernel_of[nid]
+        for o in k.outputs:
+            s = plan.slots[o]
+            region = prog._arena if s.region == "arena" else prog._persist
+            yield k, o, _view(region, s, g.nodes[o].type)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_every_kernel_output_matches_interpreter_on_nan_arena(fuse):
+    """Regression (issue 4/5): a GEMM kernel with several outputs (transformer block: matmul,
+    silu, mul) must write all of each output; a planned arena starting as NaN exposes any
+    element it skips. Each kernel's outputs are compared with the interpreter right after it."""
+    from jitgraph.workloads import WORKLOADS
+    w = WORKLOADS["transformer_block"](scale=0.1)
+    prog = jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, fuse=fuse, plan_memory=True)
+    g = prog._state.graph
+    params = {k: prog._param_views[k].copy() for k in g.params}
+    rt = {k: v for k, v in w.optimizer.runtime_inputs(0).items() if k in g.inputs}
+    _, vals = jg.interp.run(g, {**w.feeds, **rt}, params, values=True)
+    kinds = set()
+    for k, o, got in _kernel_outputs_on_nan_arena(prog, w.feeds):
+        kinds.add(k.kind)
+        np.testing.assert_allclose(got, vals[o], rtol=1e-4, atol=1e-5,
+                                   err_msg=f"k{k.id} [{k.kind}] output %{o} {g.nodes[o].op}")
+    assert "gemm" in kinds or not fuse

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jitgraph.ops.registry import get_op
-from jitgraph.passes.fuse import Kernel
+from jitgraph.passes.fuse import ROW_OPS, Kernel
 from jitgraph.printer import format_node
 from jitgraph.types import TensorType
 
@@ -26,6 +26,7 @@ import math
 import numpy as np
 from numba import carray, cfunc, njit, prange, types
 
+from jitgraph.runtime.cpu.approx import fexp, ftanh
 from jitgraph.runtime.cpu.pointers import ptr
 '''
 
@@ -40,12 +41,16 @@ class Generated:
     calls: list            # (node id, kernel name, [(region, offset) per address]) in order
 
 
-def lower_node(graph, n):
+def lower_node(graph, n, slot_of=lambda nid: None):
     """The Calls implementing node n alone; raises NotImplementedError when the CPU backend has
-    no lowering for the op."""
+    no lowering for the op. Elementwise and last-axis row ops use the fused kernels' generator
+    with one member, so fused and unfused programs differ only in grouping."""
     kind = get_op(n.op).kind
     if kind == "elementwise":
         return [fused.elementwise(graph, Kernel(0, (n.id,), "elementwise", (n.id,)), ())]
+    last = n.type.ndim - 1
+    if n.op in ROW_OPS and n.type.size and last >= 0 and n.attr.get("axis", last) == last:
+        return [fused.rows(graph, Kernel(0, (n.id,), "rows", (n.id,), n.id), (), slot_of)]
     if kind == "reduce":
         return lower.reduction(graph, n)
     if kind == "gemm":
@@ -73,6 +78,7 @@ def entry_module(graph, call, name_of):
         cargs.append(f"carray(ptr({params[-1]}), {lower.literal(tuple(shape))}, "
                      f"{lower.NP_DTYPE[dt]})")
     text = ENTRY_HEADER + "".join(ln + "\n" for ln in call.imports)
+    fm = f", fastmath={lower.FASTMATH}" if call.fastmath else ""
     if call.source is None:
         if call.func.startswith("gemm_"):
             text += f"from jitgraph.runtime.cpu.blas import {call.func}\n"
@@ -83,14 +89,14 @@ def entry_module(graph, call, name_of):
         # prange directly inside a cfunc ran only part of 1-D loops (numba 0.68): parallel
         # bodies are @njit functions the cfunc calls
         names, lines = call.source
-        text += '\n\n@njit(error_model="numpy", nogil=True, parallel=True)\n' + \
+        text += f'\n\n@njit(error_model="numpy", nogil=True, parallel=True{fm})\n' + \
             f"def body({', '.join(names)}):\n" + "".join(f"    {ln}\n" for ln in lines)
         body = [f"body({', '.join(cargs)})"]
     else:
         names, lines = call.source
         body = [f"{n} = {c}" for n, c in zip(names, cargs)] + list(lines)
     sig = ", ".join(["types.intp"] * len(params))
-    text += f'\n\n@cfunc(types.void({sig}), cache=True, error_model="numpy")\n' + \
+    text += f'\n\n@cfunc(types.void({sig}), cache=True, error_model="numpy"{fm})\n' + \
         f"def KERNEL({', '.join(params)}):\n" + "".join(f"    {ln}\n" for ln in body)
     name = name_of("k", text)
     return name, text.replace("KERNEL", name), len(params)
@@ -118,7 +124,7 @@ def generate(kg, plan, name_of) -> Generated:
         if k.kind != "node":
             body.append(f"# k{k.id} [{k.kind}]")
         body += ["# " + format_node(g, g.nodes[nid]).strip() for nid in k.nodes]
-        todo = lower_node(g, g.nodes[k.root]) if k.kind == "node" else \
+        todo = lower_node(g, g.nodes[k.root], slot_of) if k.kind == "node" else \
             fused.lower_kernel(g, kg, k, slot_of)
         for c in todo:
             name, text, nargs = entry_module(g, c, name_of)

@@ -28,12 +28,18 @@ def typed_literal(v, dtype) -> str:
     return f"np.float32({lit})" if dtype == "f32" and isinstance(v, float) else lit
 
 
+def f32_math(text: str) -> str:
+    """Float32 source: exp and tanh calls become the vectorisable approximations of
+    runtime/cpu/approx.py (<= 2 ulp); other libm calls stay."""
+    return text.replace("math.exp(", "fexp(").replace("math.tanh(", "ftanh(")
+
+
 def scalar_expr(n, args) -> str:
     """Node n's value from operand expressions `args`, cast to its dtype."""
     dt = n.type.dtype
     template = get_op(n.op).expr
     if dt == "f32":
-        template = _FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
+        template = f32_math(_FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template))
     attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
     return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
 
@@ -239,8 +245,8 @@ def reduce(g, kernel, inlined):
 # op -> (passes over the row: (setup, per element, after), the element's value). {0}, {1}: the
 # operands at (r, j); accumulators are float64, factors used per element are cast to {T}.
 _SOFTMAX_PASSES = (
-    (["m = -math.inf"], ["m = max(m, {0})"],
-     ["if not math.isfinite(m):", "    m = 0.0", "mt = {T}(m)"]),
+    (["m = {T}(-math.inf)"], ["m = max(m, {0})"],
+     ["if not math.isfinite(m):", "    m = {T}(0.0)", "mt = m"]),
     (["s = 0.0"], ["s += math.exp({0} - mt)"], ["inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"]))
 _LN_MEAN = (["mu = 0.0"], ["mu += {0}"], ["mu = mu / {D}", "mut = {T}(mu)"])
 ROW_TEMPLATES = {
@@ -329,7 +335,11 @@ def rows(g, kernel, inlined, slot_of):
     par = work >= PARALLEL_MIN_WORK and R > 1
     b.lines = levels[0] + [f"D = {D}", f"for r in {'prange' if par else 'range'}({R}):"] + \
         ["    " + ln for ln in levels[1] + lines]
-    return b.call(par)
+    if n.type.dtype == "f32":
+        b.lines = [f32_math(ln) for ln in b.lines]
+    call = b.call(par)
+    call.fastmath = True    # the row sums vectorise; NaN/inf semantics kept (no nnan/ninf)
+    return call
 
 
 # ---- cross_entropy with its backward --------------------------------------------------------------
@@ -363,7 +373,8 @@ def cross_entropy(g, kernel, inlined):
                   "        ts += t", f"        total += t * (lse - {la}[r, j])", f"    tt = {T}(ts)",
                   f"    for j in range({C}):", f"        p = math.exp({la}[r, j] - mt) * inv",
                   f"        {go}[r, j] = (p * tt - {ta}[r, j]) * gs"]
-    b.lines = lines + [f"{lo}[0] = {T}(total / {N})"]
+    lines += [f"{lo}[0] = {T}(total / {N})"]
+    b.lines = [f32_math(ln) for ln in lines] if lg.type.dtype == "f32" else lines
     return b.call(par)
 
 

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 # 128k, 335/231 us at 392k, 903/515 us at 1M (parallel wins from ~128k).
 PARALLEL_MIN_WORK = 1 << 19
 
+# fastmath flags of kernels whose reductions may be reassociated (rows kernels): LLVM then
+# vectorises their sums and maxima; no nnan/ninf, so NaN and inf behave as without them
+FASTMATH = '{"reassoc", "nsz", "contract"}'
+
 NP_DTYPE = {"f32": "np.float32", "f64": "np.float64", "i32": "np.int32"}
 
 
@@ -30,6 +34,7 @@ class Call:
                                     # parameters bind to `args` in order
     parallel: bool = False
     imports: tuple = field(default_factory=tuple)   # extra import lines for the kernel module
+    fastmath: bool = False          # reassociation and contraction allowed (FASTMATH)
 
 
 @dataclass(frozen=True)
