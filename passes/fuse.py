@@ -6,9 +6,9 @@ With `fuse=False` every live computing node is its own kernel ("node"). With fus
 grouped greedily in graph order into these kinds (the kernel's `anchor` is its non-elementwise
 member, if any):
 
-  elementwise  elementwise nodes of one shape (the domain), operands broadcast into it; an
-               optimizer update kernel also holds scalar nodes (computed once, first) and
-               several domains, one loop each
+  elementwise  elementwise nodes of one shape (the domain), operands broadcast into it; the
+               optimizer update kernel holds several domains, one loop each (the scalars
+               it reads, bias corrections, are one tiny kernel of their own)
   gemm         a 2-D matmul followed by elementwise nodes over its output (bias, activation,
                residual, scale), applied right after the GEMM while its output is in cache
   rows         a row op over the last axis (softmax, log_softmax, rms_norm, layer_norm and
@@ -25,7 +25,10 @@ the members that are (graph outputs, updates, or operands of other kernels or of
 recomputed across kernels, with one exception: `full` constants are inlined as literals into
 every fused kernel that reads them (they cost nothing) and get a kernel of their own only when
 some reader needs a buffer. Fusion never merges two groups when a node outside them lies on a
-path between them (that would need the group to run both before and after that node).
+path between them (that would need the group to run both before and after that node, or
+two groups to run each before the other); a path may pass through views and other groups.
+A backward node (not needed by the non-gradient outputs) never joins a group holding forward
+nodes: it would be saved from the forward pass to the backward as an extra output.
 """
 from __future__ import annotations
 
@@ -101,9 +104,23 @@ def op_kind(op: str) -> str:
     return "leaf" if op in LEAF_OPS else get_op(op).kind
 
 
-def live_nodes(graph) -> frozenset:
-    """Nodes reachable backwards from the outputs and the updates."""
-    todo = list(graph.outputs.values()) + list(graph.updates.values())
+def base(graph, nid: int) -> int:
+    """The node whose buffer value `nid` lives in (follows views)."""
+    while op_kind(graph.nodes[nid].op) == "view":
+        nid = graph.nodes[nid].inputs[0]
+    return nid
+
+
+def forward_nodes(graph) -> frozenset:
+    """Nodes the non-gradient outputs need (the forward pass): ancestors of every output except
+    `grad/*` (passes/autodiff.py) and the updates."""
+    return live_nodes(graph, [i for k, i in graph.outputs.items() if not k.startswith("grad/")])
+
+
+def live_nodes(graph, roots=None) -> frozenset:
+    """Nodes reachable backwards from `roots` (default: the outputs and the updates)."""
+    todo = list(graph.outputs.values()) + list(graph.updates.values()) if roots is None else \
+        list(roots)
     seen = set()
     while todo:
         i = todo.pop()
@@ -137,7 +154,7 @@ class _Grouping:
     """Greedy grouping state: groups of node ids, each with a kind, domain and anchor."""
 
     def __init__(self, graph, live):
-        self.g, self.live = graph, live
+        self.g, self.live, self.forward = graph, live, forward_nodes(graph)
         self.users = {i: [u for u in us if u in live] for i, us in graph.users().items()}
         self.group_of = {}          # node id -> group id
         self.groups = {}            # group id -> dict(members, kind, domain, anchor)
@@ -148,25 +165,35 @@ class _Grouping:
         self.group_of[nid] = gid
 
     def producers(self, nid):
-        """Groups of nid's computed operands, in operand order, without repeats."""
+        """Groups of nid's computed operands that nid may join, in operand order, without
+        repeats. A backward node never joins a group holding forward nodes: it would become
+        an output of the forward kernel, saved until the backward reads it (e.g. relu's mask
+        step(x), or a checkpointed activation's recomputation), while its operand would be
+        saved instead at no greater cost (the same domain) or recomputed from a kept value."""
         out = []
         for i in self.g.nodes[nid].inputs:
             gid = self.group_of.get(i)
-            if gid is not None and gid not in out:
+            if gid is not None and gid not in out and (nid in self.forward or not any(
+                    m in self.forward for m in self.groups[gid]["members"])):
                 out.append(gid)
         return out
 
     def convex(self, members) -> bool:
-        """No node outside `members` is both reachable from and an ancestor of a member."""
+        """No path leaves `members` and comes back through other nodes or groups: a group runs
+        as one kernel, so reaching one of its members reaches all its readers."""
         mem = set(members)
         last = max(mem)
         seen, todo = set(), [u for m in mem for u in self.users[m] if u not in mem]
         while todo:
             u = todo.pop()
-            if u in seen or u > last:
+            if u in seen:
                 continue
-            seen.add(u)
-            todo.extend(v for v in self.users[u] if v not in mem)
+            gid = self.group_of.get(u)
+            block = self.groups[gid]["members"] if gid is not None else [u]
+            if block[0] > last:                 # runs after every member: not an ancestor
+                continue
+            seen.update(block)
+            todo.extend(v for b in block for v in self.users[b] if v not in mem)
         return not any(i in seen for m in mem for i in self.g.nodes[m].inputs)
 
     def merge(self, nid, gids, kind, domain, anchor) -> bool:
@@ -235,7 +262,8 @@ def _row_op(gr, n):
 def _reduction(gr, n):
     x = gr.g.nodes[n.inputs[0]]
     gid = gr.group_of.get(x.id)
-    if n.op != "count_equal" and gid is not None and gr.groups[gid]["kind"] == "elementwise" \
+    if n.op != "count_equal" and gid in gr.producers(n.id) and \
+            gr.groups[gid]["kind"] == "elementwise" \
             and gr.groups[gid]["domain"] == x.type.shape and len(x.type.shape) > 0 \
             and gr.merge(n.id, [gid], "reduce", x.type.shape, n.id):
         return
@@ -253,20 +281,23 @@ def _cross_entropy_back(gr, n):
 
 
 def _merge_updates(gr):
-    """One kernel for the whole optimizer update: every elementwise group holding an update op,
-    plus the scalar groups feeding them (bias corrections). Updates of weights whose gradient
-    is a GEMM already sit in that GEMM's epilogue (the gradient never reaches memory)."""
+    """One kernel for the optimizer update: every elementwise group holding an update op (the
+    updates of weights whose gradient is a GEMM sit in that GEMM's epilogue instead: the gradient
+    never reaches memory). The scalar groups feeding updates (bias corrections, which depend
+    only on the step counter) become one tiny kernel of their own, so no update waits for more
+    than its own operands: each GEMM + update kernel can run as soon as its gradient is done."""
     upd = [gid for gid, grp in gr.groups.items() if grp["kind"] == "elementwise" and
            any(gr.g.nodes[m].op in UPDATE_OPS for m in grp["members"])]
-    if not upd:
-        return
-    members = {m for gid in upd for m in gr.groups[gid]["members"]}
+    members = {m for gid in upd for m in gr.groups[gid]["members"]} | \
+        {m for grp in gr.groups.values() if grp["kind"] == "gemm" for m in grp["members"]
+         if gr.g.nodes[m].op in UPDATE_OPS}
     scalars = [gid for gid, grp in gr.groups.items() if grp["kind"] == "elementwise" and
                grp["domain"] == () and gid not in upd and
                any(u in members for m in grp["members"] for u in gr.users[m])]
-    gids = upd + scalars
-    first = max(m for gid in gids for m in gr.groups[gid]["members"])
-    gr.merge(first, gids, "elementwise", None, None)
+    for gids in (upd, scalars):
+        if len(gids) > 1:
+            last = max(m for gid in gids for m in gr.groups[gid]["members"])
+            gr.merge(last, gids, "elementwise", None if gids is upd else (), None)
 
 
 def _group_fused(graph, live):
@@ -310,13 +341,18 @@ def _group_fused(graph, live):
 def _order(gr):
     """Groups in a topological order (by first member among the ready ones)."""
     g = gr.g
-    deps = {gid: {gr.group_of[i] for m in grp["members"] for i in g.nodes[m].inputs
-                  if i in gr.group_of and gr.group_of[i] != gid}
+    deps = {gid: {gr.group_of[b] for m in grp["members"] for b in
+                  (base(g, i) for i in g.nodes[m].inputs)
+                  if b in gr.group_of and gr.group_of[b] != gid}
             for gid, grp in gr.groups.items()}
     order, done = [], set()
     pending = sorted(gr.groups, key=lambda gid: min(gr.groups[gid]["members"]))
     while pending:
-        gid = next(x for x in pending if deps[x] <= done)
+        gid = next((x for x in pending if deps[x] <= done), None)
+        if gid is None:
+            raise ValueError(f"fuse: the groups of graph {g.name} with nodes "
+                             f"{[gr.groups[x]['members'] for x in pending][:4]} read each "
+                             f"other's outputs (a cycle)")
         pending.remove(gid)
         order.append(gid)
         done.add(gid)

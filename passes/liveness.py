@@ -18,14 +18,7 @@ from __future__ import annotations
 
 from jitgraph.ir import LEAF_OPS
 
-from .fuse import live_nodes, op_kind
-
-
-def base(graph, nid: int) -> int:
-    """The node whose buffer value `nid` lives in (follows views)."""
-    while op_kind(graph.nodes[nid].op) == "view":
-        nid = graph.nodes[nid].inputs[0]
-    return nid
+from .fuse import base, live_nodes, op_kind
 
 
 def default_order(graph) -> list:

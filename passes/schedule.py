@@ -1,12 +1,16 @@
 """Kernel scheduling: reorder independent kernels so buffers die early (before memory planning).
 
 A list scheduler over the KernelGraph. A kernel is ready when the kernels writing the values
-it reads have run and, if it computes a param's update (written in place into the param's
-slot), every other kernel reading that param has run. Among the ready kernels it takes the
-first in the original order that frees at least as many bytes as it allocates; if none does,
-the first ready one. A kernel frees the values it is the last reader of (never outputs or
-update sources, which live to the end of the step); it allocates its outputs except update
-sources (they live in the params' persistent slots) and scalars (a few bytes).
+it reads have run. A kernel frees the values it is the last reader of (never outputs or update
+sources, which live to the end of the step); it allocates its outputs except update sources
+(they live in the params' persistent slots) and scalars (a few bytes). Among the ready kernels
+that free at least as many bytes as they allocate it takes the one allocating least, then
+freeing most (free memory before the next allocation peaks), else the first ready one in the
+original order. A kernel computing a param's update (written in place into the param's slot)
+normally waits for every other kernel reading that param; it may run before them only when
+that frees at least 3x the update's bytes: the update is then written out of place (an arena
+buffer to the end of the step, copied into the param by passes/memory.py), e.g. a dW GEMM with
+its update in the epilogue that frees a large activation before dX has read W.
 The effect: each param's update runs right after its gradient is complete, so the gradient
 (or, with fusion, the activation its GEMM reads) dies there, not at the end of the step; and
 scalars that only depend on the step counter (bias corrections) no longer wait for the whole
@@ -21,7 +25,7 @@ from .liveness import base, live_bytes
 from .memory import arena_intervals
 from .report import Report
 
-SMALL = 64   # bytes: outputs this small are not worth delaying a kernel for
+SMALL = 64   # bytes: values this small are not worth moving a kernel for
 
 
 def schedule(kg):
@@ -58,18 +62,21 @@ def _order(kg) -> list:
         for b in r:
             readers.setdefault(b, set()).add(t)
     updates = set(g.updates.values())
+    early = [[] for _ in ks]      # per kernel: (update bytes, earlier readers of its param)
     for name, uid in g.updates.items():       # never against the original order (no cycles)
         if uid in writer:
             w = writer[uid]
-            deps[w] |= {t for t in readers.get(g.params[name], ()) if t < w}
+            early[w].append((g.nodes[uid].type.nbytes,
+                             {t for t in readers.get(g.params[name], ()) if t < w}))
     kept = {base(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
 
-    def frees(t):
+    def net(t, made=0):
         freed = sum(g.nodes[b].type.nbytes for b in reads[t]
-                    if readers[b] == {t} and b not in kept and g.nodes[b].op != "param")
-        made = sum(g.nodes[o].type.nbytes for o in kg.outputs_of(ks[t])
-                   if o not in updates and g.nodes[o].type.nbytes > SMALL)
-        return freed >= made
+                    if readers[b] == {t} and b not in kept and g.nodes[b].op != "param" and
+                    g.nodes[b].type.nbytes > SMALL)
+        made += sum(g.nodes[o].type.nbytes for o in kg.outputs_of(ks[t])
+                    if o not in updates and g.nodes[o].type.nbytes > SMALL)
+        return freed - made, made
 
     pending, done, order = list(range(len(ks))), set(), []
     while pending:
@@ -77,7 +84,15 @@ def _order(kg) -> list:
         if not ready:
             raise ValueError(f"schedule: kernels {', '.join(f'k{ks[t].id}' for t in pending)} "
                              f"of graph {g.name} read each other's outputs (a cycle)")
-        t = next((t for t in ready if frees(t)), ready[0])
+        # an update running before its param's last reader is written out of place (its
+        # value takes an arena buffer to the end of the step, then is copied into the param)
+        gain = {t: net(t, sum(b for b, r in early[t] if not r <= done)) for t in ready}
+        good = [t for t in ready if gain[t][0] >= 0 and (gain[t][0] >= 3 * gain[t][1] or
+                                                         all(r <= done for _, r in early[t]))]
+        if good:      # free first: the kernel allocating least, then freeing most
+            t = min(good, key=lambda t: (gain[t][1], -gain[t][0]))
+        else:
+            t = next(t for t in ready if all(r <= done for _, r in early[t]))
         pending.remove(t)
         order.append(t)
         done.add(t)

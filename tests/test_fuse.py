@@ -247,3 +247,47 @@ def test_workload_training_steps_fused_match_unfused(name):
         np.testing.assert_allclose(progs[0].params[k], progs[1].params[k], rtol=1e-3, atol=1e-4,
                                    err_msg=k)
     assert progs[0].stats()["kernels"] < progs[1].stats()["kernels"]
+
+
+# ---- grouping that keeps memory low (issues 6 and 8) ------------------------------------------
+def adam_kernels(g):
+    st = run_pipeline(g, Options(loss="loss", optimizer=jg.optim.Adam(lr=1e-3)))
+    return st.graph, st.kernels.kernels
+
+
+def test_bias_corrections_get_their_own_kernel_and_updates_do_not_wait_for_them():
+    tg, kernels = adam_kernels(mlp())
+    home = {n: t for t, k in enumerate(kernels) for n in k.nodes}
+    scalar = [t for t, k in enumerate(kernels) if all(tg.nodes[n].type.shape == ()
+                                                      for n in k.nodes)]
+    assert len(scalar) == 1 and scalar[0] == 0          # depends only on opt/step: runs first
+    # w2's update (in its dW GEMM's epilogue) runs before w1's gradient exists
+    grad_w1 = tg.nodes[tg.nodes[tg.updates["opt/m/w1"]].inputs[1]]
+    assert home[tg.updates["w2"]] < home[grad_w1.id]
+
+
+def test_backward_nodes_stay_out_of_forward_kernels():
+    tg, kernels = adam_kernels(mlp())
+    fwd = set(jg.passes.fuse.forward_nodes(tg))
+    steps = [n.id for n in tg.nodes if n.op == "step"]       # relu's mask, used by the backward
+    assert steps and all(n not in fwd for n in steps)
+    for k in kernels:
+        assert not (set(k.nodes) & fwd and set(k.nodes) & set(steps)), k
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_checkpointed_transformer_groups_are_acyclic(fuse):
+    # recomputed GEMMs with silu epilogues once formed two groups that each read the other's
+    # outputs (no single group spanned an outside node)
+    from jitgraph import workloads
+    from jitgraph.passes.memory_check import check_plan
+    w = workloads.WORKLOADS["transformer_block"](scale=0.25)
+    st = run_pipeline(w.graph, Options(loss=w.loss, optimizer=w.optimizer, fuse=fuse,
+                                       checkpoint="sqrt"))
+    home = {n: t for t, k in enumerate(st.kernels.kernels) for n in k.nodes}
+    g = st.graph
+    for n, t in home.items():
+        for i in g.nodes[n].inputs:
+            b = jg.passes.fuse.base(g, i)
+            assert home.get(b, -1) <= t, (g.label(n), g.label(b))
+    check_plan(st.kernels, st.memory)

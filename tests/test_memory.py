@@ -115,8 +115,6 @@ SPEC = st.lists(st.tuples(st.integers(0, len(UNARY) + len(BINARY) + 1), st.integ
                           st.integers(0, 40)), min_size=1, max_size=14)
 
 
-@pytest.mark.xfail(reason="passes/fuse.py orders a kernel reading reshape(v) before v's kernel "
-                          "(views not followed in _order/convex); being fixed", strict=False)
 @settings(max_examples=40, deadline=None)
 @given(SPEC, st.integers(0, 2), st.sampled_from([None, "sgd", "adam"]), st.booleans())
 def test_random_plans_compute_what_the_interpreter_computes(spec, n_outputs, opt, fuse):
@@ -330,9 +328,7 @@ def test_mnist_cnn_target(fuse):
     assert m.arena_bytes <= 1.15 * m.lower_bound
 
 
-@pytest.mark.parametrize("fuse", [False, pytest.param(True, marks=pytest.mark.xfail(
-    reason="fused, the GEMM+update kernels wait for the merged update kernel (passes/fuse.py): "
-           "the activations they read stay live through the backward (42 % of naive)"))])
+@pytest.mark.parametrize("fuse", [False, True])
 def test_transformer_block_target(fuse):
     m = workload_plan("transformer_block", fuse=fuse)
     print(f"transformer_block fuse={fuse}: {m.summary()}")
