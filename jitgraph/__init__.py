@@ -1,4 +1,7 @@
 """jitgraph: a JIT compiler for neural-network training graphs."""
+from .runtime.cpu.threading import set_blas_defaults as _set_blas_defaults
+
+_set_blas_defaults()   # before numpy/scipy load OpenBLAS (see runtime/cpu/threading.py)
 from .types import ShapeError, TensorType  # noqa: F401
 from .ir import Graph, Node, Tensor  # noqa: F401
 from . import init, interp  # noqa: F401
