@@ -57,31 +57,9 @@ def torch_step(model, batch, channels_last=False):
 
 
 def jax_step(model, batch):
-    import jax
-    import optax
-    jnp = jax.numpy
-    k = jax.random.split(jax.random.PRNGKey(0), 2)
-    params = {"w1": jax.random.uniform(k[0], (784, 500), minval=-0.036, maxval=0.036),
-              "b1": jnp.zeros(500), "b2": jnp.zeros(10),
-              "w2": jax.random.uniform(k[1], (500, 10), minval=-0.045, maxval=0.045)}
-    tx = optax.adamw(1e-3)
-
-    def loss_fn(p, x, y):
-        logits = jnp.maximum(x @ p["w1"] + p["b1"], 0) @ p["w2"] + p["b2"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-    @jax.jit
-    def update(p, s, x, y):
-        loss, gr = jax.value_and_grad(loss_fn)(p, x, y)
-        upd, s = tx.update(gr, s, p)
-        return optax.apply_updates(p, upd), s, loss
+    from mlp_common import jax_mlp_step
     xb, yb = random_batch(batch)
-    x, y, carry = jnp.asarray(xb), jnp.asarray(yb), [params, tx.init(params)]
-
-    def step():
-        carry[0], carry[1], loss = update(carry[0], carry[1], x, y)
-        loss.block_until_ready()
-    return step
+    return jax_mlp_step(xb, yb)
 
 
 SYSTEMS = {"jitgraph": jitgraph_step, "torch": torch_step,

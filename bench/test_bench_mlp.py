@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from mlp_common import mnist_mlp, random_batch
+from mlp_common import jax_mlp_step, mnist_mlp, random_batch
 
 BATCHES = [100, 1000]
 
@@ -86,38 +86,10 @@ def test_torch_eager_step(benchmark, batch):
 
 @pytest.mark.parametrize("batch", BATCHES)
 def test_jax_jit_step(benchmark, batch):
-    """JAX jit with AdamW written in jax.numpy (PyTorch's defaults: betas 0.9/0.999, eps 1e-8,
-    weight decay 0.01), so optax is not needed."""
-    jax = pytest.importorskip("jax", reason="JAX is not installed")
-    jnp = jax.numpy
-    k = jax.random.split(jax.random.PRNGKey(0), 2)
-    params = {"w1": jax.random.normal(k[0], (784, 500)) * 0.05, "b1": jnp.zeros(500),
-              "w2": jax.random.normal(k[1], (500, 10)) * 0.05, "b2": jnp.zeros(10)}
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-    lr, b1, b2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 0.01
-
-    def loss_fn(p, x, y):
-        logits = jnp.maximum(x @ p["w1"] + p["b1"], 0) @ p["w2"] + p["b2"]
-        logp = jax.nn.log_softmax(logits)
-        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
-
-    @jax.jit
-    def step(p, m, v, t, x, y):
-        loss, gr = jax.value_and_grad(loss_fn)(p, x, y)
-        t = t + 1
-        m = jax.tree_util.tree_map(lambda a, g: b1 * a + (1 - b1) * g, m, gr)
-        v = jax.tree_util.tree_map(lambda a, g: b2 * a + (1 - b2) * g * g, v, gr)
-        c1, c2 = 1 / (1 - b1 ** t), 1 / (1 - b2 ** t)
-        p = jax.tree_util.tree_map(lambda w, a, b: w * (1 - lr * wd) - lr * (a * c1) /
-                                   (jnp.sqrt(b * c2) + eps), p, m, v)
-        return p, m, v, t, loss
+    """JAX jit with AdamW written in jax.numpy (bench/mlp_common.py), so optax is not needed."""
+    pytest.importorskip("jax", reason="JAX is not installed")
     b = random_batch(batch)
-    x, y = jnp.asarray(b["x"]), jnp.asarray(b["y"])
-    carry = [params, zeros, zeros, jnp.float32(0)]
-
-    def run():
-        *carry[:], loss = step(*carry, x, y)
-        loss.block_until_ready()
+    run = jax_mlp_step(b["x"], b["y"])
     run()
     benchmark(run)
 
