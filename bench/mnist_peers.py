@@ -13,18 +13,19 @@ import numpy as np
 
 import jitgraph as jg
 from jitgraph.models import MODELS
+from mlp_common import jax_mlp_step, random_batch
 
 BATCH = {"mnist-cnn": 100, "mnist-fc": 1000}
 
 
-def random_batch(batch, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.random((batch, 784), dtype=np.float32), rng.integers(0, 10, batch).astype(np.int32)
+def _batch(batch):
+    b = random_batch(batch)
+    return b["x"], b["y"]
 
 
 def jitgraph_step(model, batch):
     prog = jg.compile(MODELS[model](batch), loss="loss", optimizer=jg.optim.AdamW(lr=1e-3))
-    x, y = random_batch(batch)
+    x, y = _batch(batch)
     return lambda: prog.step(x=x, y=y)
 
 
@@ -45,7 +46,7 @@ def torch_step(model, batch, channels_last=False):
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-    xb, yb = random_batch(batch)
+    xb, yb = _batch(batch)
     x, y = torch.from_numpy(xb), torch.from_numpy(yb).long()
 
     def step():
@@ -57,8 +58,7 @@ def torch_step(model, batch, channels_last=False):
 
 
 def jax_step(model, batch):
-    from mlp_common import jax_mlp_step
-    xb, yb = random_batch(batch)
+    xb, yb = _batch(batch)
     return jax_mlp_step(xb, yb)
 
 

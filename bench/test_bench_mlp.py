@@ -12,6 +12,7 @@ import pytest
 
 import jitgraph as jg
 from mlp_common import jax_mlp_step, mnist_mlp, random_batch
+from mnist_peers import torch_step
 
 BATCHES = [100, 1000]
 
@@ -68,20 +69,8 @@ def test_gemm_lower_bound(benchmark, batch):
 
 @pytest.mark.parametrize("batch", BATCHES)
 def test_torch_eager_step(benchmark, batch):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 500), torch.nn.ReLU(), torch.nn.Linear(500, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    b = random_batch(batch)
-    x, y = torch.from_numpy(b["x"]), torch.from_numpy(b["y"]).long()
-
-    def step():
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-    benchmark(step)
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    benchmark(torch_step("mnist-fc", batch))
 
 
 @pytest.mark.parametrize("batch", BATCHES)
