@@ -47,7 +47,8 @@ def lower_node(graph, n, slot_of=lambda nid: None):
     with one member, so fused and unfused programs differ only in grouping."""
     kind = get_op(n.op).kind
     if kind == "elementwise":
-        return [fused.elementwise(graph, Kernel(0, (n.id,), "elementwise", (n.id,)), ())]
+        return [fused.elementwise(graph, Kernel(0, (n.id,), "elementwise", (n.id,)), (),
+                                  slot_of=slot_of)]
     last = n.type.ndim - 1
     if n.op in ROW_OPS and n.type.size and last >= 0 and n.attr.get("axis", last) == last:
         return [fused.rows(graph, Kernel(0, (n.id,), "rows", (n.id,), n.id), (), slot_of)]
