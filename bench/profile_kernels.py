@@ -1,4 +1,6 @@
-"""Per-kernel timing of a compiled program: `python bench/profile_kernels.py [batch] [--unfused]`.
+"""Per-kernel timing of a compiled program: `python bench/profile_kernels.py [batch|workload]
+[--unfused]` (a batch size profiles the MNIST MLP; a name from jitgraph/workloads.py that
+workload).
 
 Calls each kernel's C entry point on the program's own buffers (after one real step) and prints
 the median time per kernel, slowest first, next to the whole step's median."""
@@ -32,12 +34,16 @@ def profile(prog, inputs, repeat=20):
 if __name__ == "__main__":
     import jitgraph as jg
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    batch = int(args[0]) if args else 1000
-    g = mnist_mlp(batch)
+    from jitgraph.workloads import WORKLOADS
+    if args and args[0] in WORKLOADS:
+        w = WORKLOADS[args[0]]()
+        g, b, loss, opt = w.graph, w.feeds, w.loss, w.optimizer
+    else:
+        batch = int(args[0]) if args else 1000
+        g, b, loss, opt = mnist_mlp(batch), random_batch(batch), "loss", jg.optim.AdamW(lr=1e-3)
     # replaying one kernel at a time is only sound when no buffer is reused: plan_memory=False
-    prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-3),
-                      fuse="--unfused" not in sys.argv, plan_memory=False)
-    b = random_batch(batch)
+    prog = jg.compile(g, loss=loss, optimizer=opt, fuse="--unfused" not in sys.argv,
+                      plan_memory=False)
     for _ in range(5):
         prog.step(**b)
     ts = []

@@ -3,7 +3,9 @@ peak arena bytes and step time under each checkpointing policy for the workloads
 
 Each workload is compiled once per configuration; every program runs `warmup` steps, then
 the programs take turns for `repeat` timed steps each (time.perf_counter), and the median is
-reported (the JSON has the minimum too). The workloads live in jitgraph/workloads.py.
+reported (the JSON has the minimum too). For workloads with matmuls the table also gives the
+time of their GEMMs alone ("gemm ms", `gemm_seconds`) and the ratio it allows at best ("bound":
+unfused / gemm time): fusion cannot make a step faster than its GEMMs. The workloads live in jitgraph/workloads.py.
 Benchmarks are meant to run as on a user's machine: `env -u OPENBLAS_CORETYPE -u
 OPENBLAS_L2_SIZE jitgraph bench` (those variables halve OpenBLAS's sgemm speed here); the
 header and the JSON say which BLAS kernel ran.
@@ -48,8 +50,10 @@ def time_steps(progs, feeds, repeat, warmup=2) -> list:
 
 
 def _compile(w, **options):
+    """Outputs come back as views (copy_outputs=False) in every configuration: copying a 16 MB
+    output costs as much as a fused kernel over it, and is no part of what the suite compares."""
     import jitgraph as jg
-    return jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, **options)
+    return jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, copy_outputs=False, **options)
 
 
 def _stats(prog) -> dict:
@@ -87,6 +91,10 @@ def run_suite(names=None, repeat=None, json_path=None, quick=False, out=None) ->
             for (tag, prog), t in zip(progs.items(), times):
                 row[tag] = {**_stats(prog), **t}
             row["ratio"] = row["unfused"]["median_s"] / row["fused"]["median_s"]
+            gemm = gemm_seconds(progs["unfused"].graph, repeat, warmup)
+            if gemm:
+                row["gemm_s"] = gemm
+                row["ratio_bound"] = row["unfused"]["median_s"] / gemm
         except Exception as e:
             row["error"] = _error(e)
         rows.append(row)
@@ -94,6 +102,30 @@ def run_suite(names=None, repeat=None, json_path=None, quick=False, out=None) ->
     if json_path:
         write_json(json_path, {"fusion": rows})
     return rows
+
+
+def gemm_seconds(graph, repeat, warmup=2) -> float:
+    """Seconds of the matmuls of `graph` alone: each distinct matmul (shapes, dtype,
+    transpose flags) compiled by itself on random data and timed like a step, its median
+    counted once per node. Fusion leaves GEMM work as it is, so no fused program runs faster
+    than this, and unfused / this bounds the ratio fusion can reach (`ratio_bound`)."""
+    import jitgraph as jg
+    from jitgraph import init
+    medians, total = {}, 0.0
+    for n in graph.nodes:
+        if n.op != "matmul":
+            continue
+        a, b = (graph.nodes[i].type for i in n.inputs)
+        key = (a.shape, b.shape, a.dtype, n.attrs)
+        if key not in medians:
+            g = jg.Graph("gemm")
+            pa = g.param("a", a.shape, a.dtype, init=init.normal(), trainable=False)
+            pb = g.param("b", b.shape, b.dtype, init=init.normal(), trainable=False)
+            g.output(out=jg.apply("matmul", pa, pb, **dict(n.attrs)))
+            prog = jg.compile(g, fuse=False, copy_outputs=False)
+            medians[key] = time_steps([prog], {}, repeat, warmup)[0]["median_s"]
+        total += medians[key]
+    return total
 
 
 def _curve_point(w, policy, fraction=None, **info):
@@ -165,10 +197,14 @@ def format_fusion(rows) -> str:
         if "error" in r:
             errors.append(f"{r['workload']}: {r['error']}")
             continue
+        bound = r.get("ratio_bound")
         lines.append([r["workload"], _ms(r["unfused"]["median_s"]), _ms(r["fused"]["median_s"]),
-                      f"{r['ratio']:.2f}x", _pair(r, "kernels", lambda k: "-" if k is None else k),
+                      f"{r['ratio']:.2f}x", _ms(r.get("gemm_s")),
+                      "-" if bound is None else f"{bound:.2f}x",
+                      _pair(r, "kernels", lambda k: "-" if k is None else k),
                       _pair(r, "bytes_moved", _mb)])
-    header = ["workload", "unfused ms", "fused ms", "ratio", "kernels", "bytes moved"]
+    header = ["workload", "unfused ms", "fused ms", "ratio", "gemm ms", "bound", "kernels",
+              "bytes moved"]
     return "\n".join([_table(header, lines), *[f"FAILED {e}" for e in errors]])
 
 

@@ -7,7 +7,8 @@ import math
 import sys
 import time
 
-STAGES = ("graph", "autodiff", "optimizer", "simplify", "checkpoint", "fuse", "memory", "kernels")
+STAGES = ("graph", "patterns", "autodiff", "optimizer", "simplify", "checkpoint", "fuse",
+          "schedule", "memory", "kernels")
 
 
 def _load_data(args, need_train=True):

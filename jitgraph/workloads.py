@@ -7,9 +7,14 @@ the size the issues name. Everything is deterministic in `seed`.
 
 The microbenchmarks keep their data in non-trainable params (the program's persistent region,
 filled from the graph's initialisers), so a step times the kernels rather than copying 16 MB
-of inputs into the arena; their outputs are still copied out by `step`. The softmax benchmark
+of inputs into the arena; `jitgraph bench` compiles with copy_outputs=False, so no 16 MB output
+is copied out either. The softmax benchmark
 scales its input first (attention's 1/sqrt(d)) and layer_norm has its affine epilogue: each is
-a reduction with an elementwise prologue or epilogue, the pattern issue 5 fuses.
+a reduction with an elementwise prologue or epilogue, the pattern issue 5 fuses. `softmax`
+and `layer_norm` are written from primitives, numpy-style (max, sub, exp, sum, div; mean,
+sub, sqr, mean, add, sqrt, div): unfused, one kernel per primitive; fused, the patterns pass
+(passes/patterns.py) turns each into its row op and fusion makes that one rows kernel.
+`softmax_op` and `layer_norm_op` build the same computations from the row ops themselves.
 """
 from __future__ import annotations
 
@@ -21,8 +26,8 @@ import jitgraph as jg
 from jitgraph import init, ops
 from jitgraph.models import mnist, transformer as tf
 
-FUSION = ("ew_chain", "softmax", "layer_norm", "gemm_bias_gelu", "mnist_mlp_b100",
-          "mnist_mlp_b1000", "mnist_cnn_b100", "transformer_block")
+FUSION = ("ew_chain", "ew_chain_math", "softmax", "softmax_op", "layer_norm", "layer_norm_op",
+          "gemm_bias_gelu", "mnist_mlp_b100", "mnist_mlp_b1000", "mnist_cnn_b100", "transformer_block")
 CHECKPOINT = ("deep_mlp", "transformer_4l")
 
 
@@ -47,30 +52,70 @@ def _adamw():
 
 
 # ---- microbenchmarks (forward only) ------------------------------------------------------------
-def ew_chain(scale=1.0, seed=0):
-    """Eight elementwise ops over two [2048, 2048] arrays (4M floats each)."""
-    g = jg.Graph("ew_chain")
+def _two_arrays(g, scale):
     shape = (_dim(2048, scale), 2048)
-    x, y = _data(g, "x", shape), _data(g, "y", shape)
+    return _data(g, "x", shape), _data(g, "y", shape)
+
+
+def ew_chain(scale=1.0, seed=0):
+    """Eight arithmetic elementwise ops over two [2048, 2048] arrays (4M floats each): memory
+    bound, the case fusion exists for (one pass over the data instead of eight)."""
+    g = jg.Graph("ew_chain")
+    x, y = _two_arrays(g, scale)
+    h = ops.sqr(x * y + x) - y
+    g.output(out=ops.scale(ops.relu(h * x), 0.5) + y)
+    return Workload(g, {}, None, None)
+
+
+def ew_chain_math(scale=1.0, seed=0):
+    """Eight elementwise ops with tanh and sigmoid over two [2048, 2048] arrays: once fused,
+    the exp and division of tanh and sigmoid, not memory, bound the time."""
+    g = jg.Graph("ew_chain_math")
+    x, y = _two_arrays(g, scale)
     h = ops.tanh(x * y + x)
     g.output(out=ops.relu(ops.sigmoid(ops.sqr(h) - y) * x))
     return Workload(g, {}, None, None)
 
 
 def softmax(scale=1.0, seed=0):
-    """softmax(x / 32) over rows of [4096, 1024]."""
+    """softmax(x / 32) over rows of [4096, 1024], written from primitives."""
     g = jg.Graph("softmax")
+    s = _data(g, "x", (_dim(4096, scale), _dim(1024, scale))) / 32
+    e = ops.exp(s - ops.max(s, axis=-1, keepdims=True))
+    g.output(out=e / ops.sum(e, axis=-1, keepdims=True))
+    return Workload(g, {}, None, None)
+
+
+def softmax_op(scale=1.0, seed=0):
+    """softmax(x / 32) over rows of [4096, 1024], with the softmax op."""
+    g = jg.Graph("softmax_op")
     x = _data(g, "x", (_dim(4096, scale), _dim(1024, scale)))
     g.output(out=ops.softmax(ops.scale(x, 1 / 32)))
     return Workload(g, {}, None, None)
 
 
+def _affine(g, d):
+    return _data(g, "w", (d,)), _data(g, "b", (d,))
+
+
 def layer_norm(scale=1.0, seed=0):
-    """layer_norm(x) * w + b over rows of [4096, 1024]."""
+    """(x - mean) / sqrt(var + 1e-5) * w + b over rows of [4096, 1024], from primitives."""
     g = jg.Graph("layer_norm")
     rows, d = _dim(4096, scale), _dim(1024, scale)
     x = _data(g, "x", (rows, d))
-    g.output(out=ops.layer_norm(x, _data(g, "w", (d,)), _data(g, "b", (d,))))
+    w, b = _affine(g, d)
+    xc = x - ops.mean(x, axis=-1, keepdims=True)
+    var = ops.mean(xc * xc, axis=-1, keepdims=True)
+    g.output(out=xc / ops.sqrt(var + 1e-5) * w + b)
+    return Workload(g, {}, None, None)
+
+
+def layer_norm_op(scale=1.0, seed=0):
+    """layer_norm(x) * w + b over rows of [4096, 1024], with the layer_norm op."""
+    g = jg.Graph("layer_norm_op")
+    rows, d = _dim(4096, scale), _dim(1024, scale)
+    x = _data(g, "x", (rows, d))
+    g.output(out=ops.layer_norm(x, *_affine(g, d), eps=1e-5))
     return Workload(g, {}, None, None)
 
 
@@ -141,5 +186,5 @@ def deep_mlp(scale=1.0, seed=0, layers=16):
 
 
 WORKLOADS = {f.__name__: f for f in (
-    ew_chain, softmax, layer_norm, gemm_bias_gelu, mnist_mlp_b100, mnist_mlp_b1000,
-    mnist_cnn_b100, transformer_block, deep_mlp, transformer_4l)}
+    ew_chain, ew_chain_math, softmax, softmax_op, layer_norm, layer_norm_op, gemm_bias_gelu, mnist_mlp_b100,
+    mnist_mlp_b1000, mnist_cnn_b100, transformer_block, deep_mlp, transformer_4l)}

@@ -14,7 +14,9 @@ Policies:
   "marks"          keep the values marked with jg.checkpoint(x); recompute every other one from
                    the nearest kept values (segments between marks)
   "sqrt"           keep about sqrt(n) cut points of the forward chain (values every later forward
-                   node can be computed from) and recompute the segments between them
+                   node can be computed from) and recompute the segments between them; the
+                   segments either split the activation bytes evenly or shrink going up by the
+                   kept cuts live beneath them (`_Forward.balanced`), whichever plans less arena
   "budget:BYTES"   (or "budget:0.5", a fraction of the unchecked peak) the plan that fits the
                    budget at the least recomputation: first only cheap ops are recomputed (never
                    a matmul or conv2d while that suffices), cheapest per byte first; then segments
@@ -73,7 +75,7 @@ def checkpoint(graph, policy=None, loss: str = "loss", fuse: bool = True):
     if kind == "marks":
         plan = fw.candidates - marked
     elif kind == "sqrt":
-        plans = [fw.segments(k) for k in fw.sqrt_ks()]
+        plans = [plan(k) for k in fw.sqrt_ks() for plan in (fw.segments, fw.balanced)]
         plan = min(plans, key=lambda s: (fw.evaluate(s).peak, fw.evaluate(s).flops))
     else:
         budget = int(arg * peak0) if isinstance(arg, float) else arg
@@ -237,17 +239,78 @@ class _Forward:
                                     arena_peak(out, self.fuse))
         return self._cache[key]
 
+    def _running_bytes(self):
+        """(activation bytes, {forward node: activation bytes up to and including it})."""
+        acts, total, at = set(self.acts), 0, {}
+        for i in sorted(self.forward):
+            total += self.g.nodes[i].type.nbytes if i in acts else 0
+            at[i] = total
+        return total, at
+
     def segments(self, k):
         """Keep k - 1 cut points that split the activation bytes evenly (of equally good ones the
         costliest to recompute, e.g. a matmul's output); recompute the rest."""
         g, cuts = self.g, self.cuts
-        acts, total, at = set(self.acts), 0, {}
-        for i in sorted(self.forward):
-            total += g.nodes[i].type.nbytes if i in acts else 0
-            at[i] = total
+        total, at = self._running_bytes()
         keep = {min(cuts, key=lambda c: (abs(at[c] - j * total / k), -flops(g, g.nodes[c])))
                 for j in range(1, k)} if cuts else set()
         return self.candidates - keep
+
+    def balanced(self, k):
+        """The plan of at most k segments with the least modelled peak, then the least
+        recomputation. While a segment is recomputed and differentiated, the cuts kept at or
+        below its base are live too, so its peak is about their bytes plus the activation bytes
+        inside it: lower segments may hold more than upper ones, which the even split of
+        `segments` ignores. Exact over the cuts by dynamic programming, twice: the least largest
+        segment peak, then (with as many segments as that peak allows) the fewest FLOPs."""
+        g, cuts, acts = self.g, self.cuts, set(self.acts)
+        total, at = self._running_bytes()
+        at[None] = 0
+        size = {c: g.nodes[c].type.nbytes for c in cuts}
+        inside = {c: at[c] - (size[c] if c in acts else 0) for c in cuts}   # bytes before c
+        inside[None] = total
+        cost = {}
+
+        def recompute(b, c):
+            """FLOPs of the clones the backward reads between cuts b and c (None: start, end)."""
+            if (b, c) not in cost:
+                lo, hi = -1 if b is None else b, math.inf if c is None else c
+                need = {i for i in self.acts if lo < i < hi and i in self.candidates}
+                for i in sorted(need, reverse=True):
+                    need.update(j for j in g.nodes[i].inputs
+                                if lo < j and j in self.candidates)
+                cost[b, c] = sum(flops(g, g.nodes[i]) for i in need)
+            return cost[b, c]
+
+        def run(bound):
+            """(score, kept cuts) of the best plan: score is its largest segment peak (bound
+            None), else its recomputed FLOPs among the plans whose segments peak within bound."""
+            states = {c: {} for c in cuts}
+            states[None] = {(0, 0): (0, ())}   # last cut -> (segments, kept bytes) -> best
+            best = None
+            for b in [None] + cuts:
+                for (m, kept), (score, path) in states[b].items():
+                    for c in [x for x in cuts if b is None or x > b] + [None]:
+                        peak = kept + inside[c] - at[b]
+                        if bound is None:      # at most k segments
+                            new = max(score, peak)
+                            if (c is not None and m + 1 >= k) or (best and new >= best[0]):
+                                continue
+                        elif peak > bound:     # any number of segments
+                            break
+                        else:
+                            new = score + recompute(b, c)
+                        if c is None:
+                            best = min(best or (new, path), (new, path))
+                            continue
+                        key = (m + 1 if bound is None else 0, kept + size[c])
+                        if key not in states[c] or new < states[c][key][0]:
+                            states[c][key] = (new, path + (c,))
+            return best
+
+        if not cuts or k <= 1:
+            return self.segments(k)
+        return self.candidates - set(run(run(None)[0])[1])
 
     def sqrt_ks(self):
         """Segment counts around sqrt(activation bytes / typical cut bytes) (Chen et al. 2016)."""
@@ -267,7 +330,8 @@ class _Forward:
                        key=lambda i: (flops(g, g.nodes[i]) / max(g.nodes[i].type.nbytes, 1), i))
         prefixes = [frozenset(cheap[:m]) for m in range(1, len(cheap) + 1)]
         fits = next(([p] for p in prefixes if self.evaluate(p).peak <= budget), [])
-        segments = [self.segments(k) for k in range(1, len(self.cuts) + 2)]
+        segments = [plan(k) for k in range(1, len(self.cuts) + 2)
+                    for plan in (self.segments, self.balanced)]
         fits += [p for p in segments if self.evaluate(p).peak <= budget]
         if fits:      # GEMMs and convolutions only when no plan without them fits
             return min(fits, key=self.evaluate)

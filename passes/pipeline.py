@@ -5,6 +5,9 @@ After every stage the state's IR is kept as text (`Program.ir(stage)`) and, when
 variable JITGRAPH_DUMP names a directory, written to `<dir>/<stage>.txt`.
 
 Stages and their switches (jitgraph.compile arguments):
+  patterns    with `fuse`: softmax, log_softmax, rms_norm and layer_norm written from
+              primitives become the row op (passes/patterns.py), before autodiff so the
+              backward uses their *_back ops; `fuse=False` keeps one kernel per primitive
   autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs
   optimizer   when `optimizer` is given: appends the parameter update (needs `loss`)
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
@@ -45,6 +48,12 @@ class State:
     ir: dict = field(default_factory=dict)        # stage -> printed IR
     reports: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)   # stage -> seconds
+
+
+def _patterns(st):
+    from .patterns import recognise_patterns
+    st.graph, rep = recognise_patterns(st.graph)
+    return rep
 
 
 def _autodiff(st):
@@ -99,6 +108,7 @@ def _always(opts):
 
 
 STAGES = [
+    ("patterns", _patterns, lambda o: o.fuse),
     ("autodiff", _autodiff, lambda o: o.loss is not None),
     ("optimizer", _optimizer, lambda o: o.optimizer is not None),
     ("simplify", _simplify, _always),

@@ -214,6 +214,26 @@ def test_check_finite_names_the_output():
         prog.step(x=-np.ones(2, np.float32))
 
 
+def test_outputs_as_views_equal_copies_and_are_overwritten_by_the_next_step():
+    g = jg.Graph("views")
+    x = g.input("x", (3, 4))
+    g.output(y=jg.exp(x) * 2.0, s=jg.sum(x))
+    copying, viewing = jg.compile(g), jg.compile(g, copy_outputs=False)
+    a, b = (np.random.default_rng(i).standard_normal((3, 4)).astype(np.float32) for i in (1, 2))
+    first = viewing.step(x=a)
+    want = copying.step(x=a)
+    for k in want:
+        np.testing.assert_array_equal(first[k], want[k])
+        np.testing.assert_allclose(first[k], jg.interp.run(g, {"x": a}, {})[k], rtol=1e-5)
+        assert not first[k].flags.writeable
+    with pytest.raises(ValueError):
+        first["y"][0, 0] = 1.0
+    kept = {k: v.copy() for k, v in first.items()}
+    viewing.step(x=b)      # the views now show the new step's values
+    np.testing.assert_array_equal(first["y"], copying.step(x=b)["y"])
+    assert not np.array_equal(first["y"], kept["y"])
+
+
 def test_ir_stages_dump_and_stats(tmp_path, monkeypatch):
     monkeypatch.setenv("JITGRAPH_DUMP", str(tmp_path))
     prog = jg.compile(mlp(), loss="loss", optimizer=jg.optim.SGD(lr=0.1))

@@ -245,6 +245,8 @@ POOLS = [  # N, C, H, W, kernel, stride, padding
     (2, 3, 7, 5, (2, 2), (2, 2), (0, 0)),
     (1, 2, 11, 13, (3, 2), (2, 1), (1, 1)),      # overlapping windows, padding
     (3, 1, 5, 5, (3, 3), (1, 1), (1, 0)),
+    (4, 8, 67, 65, (2, 2), (2, 2), (0, 0)),     # planes split over threads (prange branch)
+    (2, 8, 66, 63, (3, 3), (2, 2), (1, 1)),
 ]
 
 

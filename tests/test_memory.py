@@ -335,6 +335,16 @@ def test_transformer_block_target(fuse):
     assert m.arena_bytes <= 0.4 * m.naive_bytes
 
 
+# ---- targets (issue 8) -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["deep_mlp", "transformer_4l"])
+def test_sqrt_checkpointing_target(name):
+    """The planned arena with checkpoint="sqrt" is at most 35 % of the unchecked one."""
+    none, sqrt = workload_plan(name), workload_plan(name, checkpoint="sqrt")
+    print(f"{name}: sqrt {sqrt.arena_bytes} / none {none.arena_bytes} B "
+          f"= {sqrt.arena_bytes / none.arena_bytes:.3f}")
+    assert sqrt.arena_bytes <= 0.35 * none.arena_bytes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("name", ["mnist_cnn_b100", "transformer_block"])

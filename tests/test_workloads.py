@@ -171,6 +171,7 @@ def test_workload_sizes_at_scale_one():
         return g.nodes[{**g.inputs, **g.params}[name]].type.shape
     assert np.prod(shape(WL.ew_chain(), "x")) == 4 * 2**20
     assert shape(WL.softmax(), "x") == shape(WL.layer_norm(), "x") == (4096, 1024)
+    assert shape(WL.softmax_op(), "x") == shape(WL.layer_norm_op(), "x") == (4096, 1024)
     assert shape(WL.gemm_bias_gelu(), "w") == (1024, 1024)
     assert shape(WL.mnist_mlp_b1000(), "x") == (1000, 784)
     assert shape(WL.mnist_cnn_b100(), "x") == (100, 784)
@@ -179,9 +180,28 @@ def test_workload_sizes_at_scale_one():
     assert shape(WL.deep_mlp(), "fc0.weight") == (1024, 1024)
 
 
-def test_ew_chain_is_eight_elementwise_ops():
-    g = WL.ew_chain(scale=1 / 64).graph
-    assert sum(n.op not in ("param", "input") for n in g.nodes) == 8
+@pytest.mark.parametrize("name", ["softmax", "layer_norm"])
+def test_primitive_workloads_are_their_op_versions(name):
+    """softmax / layer_norm (numpy-style primitives) compute what softmax_op / layer_norm_op
+    compute, and the patterns pass turns the first into the second."""
+    from jitgraph.passes.patterns import recognise_patterns
+    prim = WL.WORKLOADS[name](scale=1 / 32).graph
+    op = WL.WORKLOADS[name + "_op"](scale=1 / 32).graph
+    assert name not in {n.op for n in prim.nodes}
+    params = op.init_params(0)
+    np.testing.assert_allclose(jg.interp.run(prim, {}, params)["out"],
+                               jg.interp.run(op, {}, params)["out"], rtol=1e-5, atol=1e-6)
+    rewritten, _ = recognise_patterns(prim)
+    assert [n.op for n in rewritten.nodes] == [n.op for n in op.nodes]
+
+
+@pytest.mark.parametrize("name", ["ew_chain", "ew_chain_math"])
+def test_ew_chains_are_eight_elementwise_ops(name):
+    from jitgraph.ops.registry import get_op
+    g = WL.WORKLOADS[name](scale=1 / 64).graph
+    ops_ = [n.op for n in g.nodes if n.op not in ("param", "input")]
+    assert len(ops_) == 8 and all(get_op(o).kind == "elementwise" for o in ops_)
+    assert ("tanh" in ops_ and "sigmoid" in ops_) == (name == "ew_chain_math")
 
 
 # ---- the suite runner (compiling stubbed out: that is the runtime's tests' job) ---------------
@@ -191,6 +211,7 @@ class _FakeProgram:
 
     def __init__(self, fuse=True, checkpoint=None):
         self.fuse, self.time, self.arena = fuse, (0.01 if fuse else 0.04), 1000
+        self.graph = None
         if checkpoint == "sqrt":
             self.arena = 400
         elif checkpoint is not None:
@@ -207,8 +228,23 @@ class _FakeProgram:
 @pytest.fixture
 def fake_compile(monkeypatch):
     monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
+    monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.02)
     monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup: [
         {"median_s": p.time, "min_s": p.time} for p in progs])
+
+
+def test_gemm_seconds_times_each_distinct_matmul_once_and_counts_every_node(monkeypatch):
+    g = jg.Graph("two")
+    x = g.input("x", (8, 6))
+    w = g.param("w", (6, 6))
+    g.output(y=(x @ w) @ w, z=jg.apply("matmul", x, w, ta=False, tb=True))
+    timed = []
+    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup: (
+        timed.append(progs[0].graph), [{"median_s": 0.5, "min_s": 0.5}])[1])
+    # three matmul nodes: two alike ([8,6] @ [6,6]) and one with tb: two programs, 3 x 0.5 s
+    assert bench.gemm_seconds(g, repeat=1) == pytest.approx(1.5)
+    assert len(timed) == 2
+    assert bench.gemm_seconds(jg.Graph("none"), repeat=1) == 0
 
 
 def test_time_steps_interleaves():
@@ -236,6 +272,7 @@ def test_run_suite_table_and_json(tmp_path, fake_compile, capsys):
     assert "threadpools" in data["environment"]
     table = capsys.readouterr().out
     assert "4.00x" in table and "12 -> 4" in table and "- -> -" in table   # no bytes_moved
+    assert row["gemm_s"] == 0.02 and row["ratio_bound"] == pytest.approx(2.0) and "2.00x" in table
     assert not list(tmp_path.glob(".*tmp"))                               # atomic: no leftovers
 
 

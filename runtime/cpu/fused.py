@@ -265,7 +265,7 @@ def reduce(g, kernel, inlined):
 # op -> (passes over the row: (setup, per element, after), the element's value). {0}, {1}: the
 # operands at (r, j); accumulators are float64, factors used per element are cast to {T}.
 _SOFTMAX_PASSES = (
-    (["m = {T}(-math.inf)"], ["m = max(m, {0})"],
+    (["m = {T}(-math.inf)"], ["m = fmaximum(m, {0})"],       # vectorises (runtime/cpu/minmax.py)
      ["if not math.isfinite(m):", "    m = {T}(0.0)", "mt = m"]),
     (["s = 0.0"], ["s += math.exp({0} - mt)"], ["inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"]))
 _LN_MEAN = (["mu = 0.0"], ["mu += {0}"], ["mu = mu / {D}", "mut = {T}(mu)"])
@@ -357,7 +357,8 @@ def rows(g, kernel, inlined, slot_of):
         ["    " + ln for ln in levels[1] + lines]
     if n.type.dtype == "f32":
         b.lines = [f32_math(ln) for ln in b.lines]
-    call = b.call(par)
+    call = b.call(par, ["from jitgraph.runtime.cpu.minmax import fmaximum"]
+                  if n.op in ("softmax", "log_softmax") else ())
     call.fastmath = True    # the row sums vectorise; NaN/inf semantics kept (no nnan/ninf)
     return call
 
