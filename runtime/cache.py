@@ -1,7 +1,9 @@
 """The on-disk kernel cache: generated modules as real files named by a content hash.
 
 A module's name hashes its text together with the toolchain (numba, llvmlite, numpy, Python,
-host CPU) and this cache's format version; decorator options are part of the text, so a cached
+host CPU, and the source of runtime/cpu/, whose kernels and helpers generated modules call and
+numba compiles into them: numba's cache=True would keep a cached kernel's machine code after a
+library kernel it inlined changed) and this cache's format version; decorator options are part of the text, so a cached
 `parallel=False` kernel can never be mistaken for a `parallel=True` one (numba's own cache key
 ignores options). Files are compiled with numba `cache=True`, whose machine code lands in the
 `__pycache__` beside them, so a second process loads instead of compiling.
@@ -40,7 +42,17 @@ def toolchain() -> str:
     import numpy
     from llvmlite import binding
     return (f"jitgraph-cache {FORMAT}; numba {numba.__version__}; llvmlite {llvmlite.__version__}; "
-            f"numpy {numpy.__version__}; python {sys.version}; cpu {binding.get_host_cpu_name()}")
+            f"numpy {numpy.__version__}; python {sys.version}; cpu {binding.get_host_cpu_name()}; "
+            f"runtime {runtime_source_hash()}")
+
+
+@lru_cache(maxsize=None)
+def runtime_source_hash() -> str:
+    """Hash of the CPU runtime's Python sources (runtime/cpu/*.py), part of every module name."""
+    h = hashlib.sha256()
+    for f in sorted((Path(__file__).parent / "cpu").glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def module_name(prefix: str, text: str) -> str:

@@ -59,6 +59,25 @@ def test_file_names_hash_text_options_and_toolchain():
     assert "numba" in cache.toolchain() and "llvmlite" in cache.toolchain()
 
 
+def test_module_names_change_with_the_runtime_library_source(monkeypatch):
+    """A generated kernel calls library kernels that numba compiles into it: when their source
+    changes (a jitgraph upgrade), the kernel must get a new name, not stale machine code."""
+    import hashlib
+    from pathlib import Path
+    h = hashlib.sha256()
+    for f in sorted((Path(cache.__file__).parent / "cpu").glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    assert cache.runtime_source_hash() == h.hexdigest()[:16]
+    assert cache.runtime_source_hash() in cache.toolchain()
+    before = cache.module_name("k", "text")
+    cache.toolchain.cache_clear()
+    monkeypatch.setattr(cache, "runtime_source_hash", lambda: "edited")
+    try:
+        assert cache.module_name("k", "text") != before
+    finally:
+        cache.toolchain.cache_clear()
+
+
 def test_store_detects_truncated_file(tmp_path, monkeypatch):
     monkeypatch.setenv("JITGRAPH_CACHE_DIR", str(tmp_path))
     path, written = cache.store("k_test", "x = 1\n")
