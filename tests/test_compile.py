@@ -99,6 +99,20 @@ def test_grad_only_program_returns_gradients():
         assert_close(got[k], ref[k], k)
 
 
+def test_parallel_update_kernel_with_large_and_small_domains_matches_interpreter():
+    """One optimizer kernel updating a parameter big enough for a parallel loop (a flat prange,
+    written in place) and small ones (serial loops) in the same generated function."""
+    g = jg.Graph("wide")
+    x = g.input("x", (700, 600))
+    a = g.param("a", (700, 600), init=jg.init.normal(0.0, 0.1))
+    b = g.param("b", (600,), init=jg.init.normal(0.0, 0.1))
+    c = g.param("c", (600,), init=jg.init.normal(0.0, 0.1))
+    g.output(loss=jg.mean(jg.sqr(x * a + b) * c))
+    prog = train_and_compare(g, jg.optim.AdamW(lr=1e-2), steps=3)
+    kernels = prog.ir("kernels")
+    assert "prange(420000)" in kernels and "range(600)" in kernels
+
+
 @pytest.mark.slow
 def test_adamw_mlp_matches_interpreter():
     train_and_compare(mlp(), jg.optim.AdamW(lr=1e-2))
