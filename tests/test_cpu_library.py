@@ -44,9 +44,14 @@ def test_permute(dt):
     dtype, _ = dt
     rng = np.random.default_rng(0)
     x = rand(rng, (3, 5, 7, 2), dtype)
-    for axes in [(0, 1, 3, 2), (3, 2, 1, 0), (1, 0, 2, 3), (2, 0, 3, 1), (0, 1, 2, 3)]:
+    for axes in [(0, 1, 3, 2), (3, 2, 1, 0), (1, 0, 2, 3), (2, 0, 3, 1), (0, 1, 2, 3),
+                 (0, 2, 1, 3), (2, 1, 0, 3)]:     # the last four keep the last axis: row copies
         want = ref("permute", x, axes=axes)
         np.testing.assert_array_equal(call(lib.permute, [x], want, axes), want)
+    x3 = rand(rng, (4, 6, 5), dtype)
+    for axes in [(1, 0, 2), (0, 1, 2), (2, 1, 0)]:
+        want = ref("permute", x3, axes=axes)
+        np.testing.assert_array_equal(call(lib.permute, [x3], want, axes), want)
     for shape in [(37, 41), (1, 13), (70, 1)]:          # blocked 2-D transpose, tile edges
         x2 = rand(rng, shape, dtype)
         np.testing.assert_array_equal(call(lib.permute, [x2], x2.T, (1, 0)), x2.T)

@@ -41,6 +41,30 @@ def permute(x, out, axes):
     xf, of = x.reshape(x.size), out.reshape(out.size)
     last = out.shape[n - 1] if n else 1
     step = x.strides[axes[n - 1]] // x.itemsize if n else 1
+    if 3 <= n <= 4 and axes[n - 1] == n - 1:
+        # the last axis stays: a row copy per output row, source rows from nested loops (the
+        # general path's per-row divisions and flat offsets ran [8,128,4,64] -> [8,4,128,64]
+        # in 160 us, row views in 30 us)
+        rs = last                                  # elements per row (the last axis is kept)
+        if n == 4:
+            A, B, C = out.shape[0], out.shape[1], out.shape[2]
+            ra = x.strides[axes[0]] // x.itemsize // rs
+            rb = x.strides[axes[1]] // x.itemsize // rs
+            rc = x.strides[axes[2]] // x.itemsize // rs
+        else:
+            A, B, C = 1, out.shape[0], out.shape[1]
+            ra, rb, rc = 0, x.strides[axes[0]] // x.itemsize // rs, \
+                x.strides[axes[1]] // x.itemsize // rs
+        x2, o2 = x.reshape((x.size // last, last)), out.reshape((out.size // last, last))
+        r = 0
+        for a in range(A):
+            for b in range(B):
+                for c in range(C):
+                    src, dst = x2[a * ra + b * rb + c * rc], o2[r]
+                    for j in range(last):
+                        dst[j] = src[j]
+                    r += 1
+        return
     for r in range(out.size // last):
         rem, off = r, 0
         for k in range(n - 2, -1, -1):
