@@ -5,7 +5,8 @@ Each workload is compiled once per configuration; every program runs `warmup` st
 the programs take turns for `repeat` timed steps each (time.perf_counter), and the median is
 reported (the JSON has the minimum too). For workloads with matmuls the table also gives the
 time of their GEMMs alone ("gemm ms", `gemm_seconds`) and the ratio it allows at best ("bound":
-unfused / gemm time): fusion cannot make a step faster than its GEMMs. The workloads live in jitgraph/workloads.py.
+unfused / gemm time): fusion cannot make a step faster than its GEMMs. The workloads live in
+jitgraph/workloads.py.
 Benchmarks are meant to run as on a user's machine: `env -u OPENBLAS_CORETYPE -u
 OPENBLAS_L2_SIZE jitgraph bench` (those variables halve OpenBLAS's sgemm speed here); the
 header and the JSON say which BLAS kernel ran.
@@ -74,16 +75,23 @@ def _settings(quick, repeat):
     return (QUICK_SCALE if quick else 1.0), (repeat or (3 if quick else 10)), (1 if quick else 2)
 
 
+def _workloads(names, suite, quick, repeat):
+    """(workload, row info, repeat, warmup) for each of `names` (default: the workloads module's
+    `suite` tuple), built at the run's scale."""
+    wl = load_workloads()
+    scale, repeat, warmup = _settings(quick, repeat)
+    for name in names or getattr(wl, suite):
+        yield wl.WORKLOADS[name](scale=scale), \
+            {"workload": name, "scale": scale, "repeat": repeat}, repeat, warmup
+
+
 def run_suite(names=None, repeat=None, json_path=None, quick=False, out=None) -> list:
     """Fused vs unfused for each workload (default: the issue 5 suite); prints the table,
     writes JSON when asked and returns the rows. A workload that fails gets an `error`."""
-    wl = load_workloads()
-    scale, repeat, warmup = _settings(quick, repeat)
     rows = []
-    for name in names or wl.FUSION:
-        w = wl.WORKLOADS[name](scale=scale)
-        row = {"workload": name, "scale": scale, "repeat": repeat}
-        _log(f"bench: {name}")
+    for w, info, repeat, warmup in _workloads(names, "FUSION", quick, repeat):
+        row = dict(info)
+        _log(f"bench: {info['workload']}")
         try:                            # a failure is reported; the other workloads still run
             progs = {tag: _compile(w, fuse=fuse) for tag, fuse in (("unfused", False),
                                                                     ("fused", True))}
@@ -147,12 +155,8 @@ def checkpoint_curve(names=None, repeat=None, json_path=None, quick=False, budge
     """Peak arena bytes and step time under checkpoint None, "sqrt" and byte budgets at
     `budgets` fractions of the unchecked program's planned peak (fused, memory planned); the
     programs of one workload are timed taking turns. Returns the rows (see `_curve_point`)."""
-    wl = load_workloads()
-    scale, repeat, warmup = _settings(quick, repeat)
     rows = []
-    for name in names or wl.CHECKPOINT:
-        w = wl.WORKLOADS[name](scale=scale)
-        info = {"workload": name, "scale": scale, "repeat": repeat}
+    for w, info, repeat, warmup in _workloads(names, "CHECKPOINT", quick, repeat):
         points = [_curve_point(w, "none", **info)]
         base = points[0][0]
         if points[0][1] is not None:

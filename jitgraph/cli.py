@@ -7,8 +7,7 @@ import math
 import sys
 import time
 
-STAGES = ("graph", "patterns", "autodiff", "optimizer", "simplify", "checkpoint", "fuse",
-          "schedule", "memory", "kernels")
+from jitgraph.passes.pipeline import IR_STAGES as STAGES   # the IRs `dump --stage` can print
 
 
 def _load_data(args, need_train=True):

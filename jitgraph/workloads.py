@@ -8,8 +8,7 @@ the size the issues name. Everything is deterministic in `seed`.
 The microbenchmarks keep their data in non-trainable params (the program's persistent region,
 filled from the graph's initialisers), so a step times the kernels rather than copying 16 MB
 of inputs into the arena; `jitgraph bench` compiles with copy_outputs=False, so no 16 MB output
-is copied out either. The softmax benchmark
-scales its input first (attention's 1/sqrt(d)) and layer_norm has its affine epilogue: each is
+is copied out either. The softmax benchmark scales its input first (attention's 1/sqrt(d)) and layer_norm has its affine epilogue: each is
 a reduction with an elementwise prologue or epilogue, the pattern issue 5 fuses. `softmax`
 and `layer_norm` are written from primitives, numpy-style (max, sub, exp, sum, div; mean,
 sub, sqr, mean, add, sqrt, div): unfused, one kernel per primitive; fused, the patterns pass
@@ -27,7 +26,8 @@ from jitgraph import init, ops
 from jitgraph.models import mnist, transformer as tf
 
 FUSION = ("ew_chain", "ew_chain_math", "softmax", "softmax_op", "layer_norm", "layer_norm_op",
-          "gemm_bias_gelu", "mnist_mlp_b100", "mnist_mlp_b1000", "mnist_cnn_b100", "transformer_block")
+          "gemm_bias_gelu", "mnist_mlp_b100", "mnist_mlp_b1000", "mnist_cnn_b100",
+          "transformer_block")
 CHECKPOINT = ("deep_mlp", "transformer_4l")
 
 
@@ -186,5 +186,5 @@ def deep_mlp(scale=1.0, seed=0, layers=16):
 
 
 WORKLOADS = {f.__name__: f for f in (
-    ew_chain, ew_chain_math, softmax, softmax_op, layer_norm, layer_norm_op, gemm_bias_gelu, mnist_mlp_b100,
-    mnist_mlp_b1000, mnist_cnn_b100, transformer_block, deep_mlp, transformer_4l)}
+    ew_chain, ew_chain_math, softmax, softmax_op, layer_norm, layer_norm_op, gemm_bias_gelu,
+    mnist_mlp_b100, mnist_mlp_b1000, mnist_cnn_b100, transformer_block, deep_mlp, transformer_4l)}

@@ -117,6 +117,8 @@ STAGES = [
     ("schedule", _schedule, lambda o: o.plan_memory),
     ("memory", _memory, _always),
 ]
+# every IR a Program keeps, in order: the input graph, the stages above, the generated source
+IR_STAGES = ("graph", *(name for name, _, _ in STAGES), "kernels")
 
 
 def _printed(stage, st):

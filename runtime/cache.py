@@ -3,7 +3,8 @@
 A module's name hashes its text together with the toolchain (numba, llvmlite, numpy, Python,
 host CPU, and the source of runtime/cpu/, whose kernels and helpers generated modules call and
 numba compiles into them: numba's cache=True would keep a cached kernel's machine code after a
-library kernel it inlined changed) and this cache's format version; decorator options are part of the text, so a cached
+library kernel it inlined changed) and this cache's format version; decorator options are part
+of the text, so a cached
 `parallel=False` kernel can never be mistaken for a `parallel=True` one (numba's own cache key
 ignores options). Files are compiled with numba `cache=True`, whose machine code lands in the
 `__pycache__` beside them, so a second process loads instead of compiling.

@@ -160,10 +160,8 @@ class Program:
         self._outputs = {k: _view(self._arena if plan.slots[g.outputs[k]].region == "arena"
                                   else self._persist, plan.slots[g.outputs[k]],
                                   g.nodes[g.outputs[k]].type) for k in names}
-        self._readonly = {}
-        for k, v in self._outputs.items():
-            self._readonly[k] = ro = v.view()
-            ro.flags.writeable = False
+        for v in self._outputs.values():
+            v.flags.writeable = False       # `step` hands them out with copy_outputs=False
         user = [k for k in source.params]
         self.params = ArrayMap({k: self._param_views[k] for k in user}, "param")
         self.state = ArrayMap({k: v for k, v in self._param_views.items() if k not in user},
@@ -202,7 +200,7 @@ class Program:
         self._driver(self._arena, self._persist)
         self.calls += 1
         out = {k: v.copy() for k, v in self._outputs.items()} if self.copy_outputs else \
-            dict(self._readonly)
+            dict(self._outputs)
         if self.check_finite:
             for k, v in out.items():
                 if v.dtype.kind == "f" and not np.isfinite(v).all():

@@ -80,14 +80,13 @@ class Builder:
         pointer. With a second pointer to the same bytes a serial in-place loop stayed scalar
         (its alias checks over many arrays exceed LLVM's limit): Adam over 392k elements ran
         919 us against 113 us with one array per buffer."""
-        if self.slot_of is None or isinstance(a, Workspace) or not isinstance(a, tuple):
+        if self.slot_of is None or not isinstance(a, tuple):     # a Workspace is no tuple
             return None
         slot = self.slot_of(a[0])
         if slot is None:
             return None
         for p, other in zip(self.params, self.args):
-            if isinstance(other, tuple) and not isinstance(other, Workspace) and \
-                    other[1] == a[1] and self.slot_of(other[0]) == slot:
+            if isinstance(other, tuple) and other[1] == a[1] and self.slot_of(other[0]) == slot:
                 return p
         return None
 
@@ -124,8 +123,9 @@ def _work(g, members):
 # ---- elementwise (one or several domains, scalars first) ----------------------------------------
 def elementwise(g, kernel, inlined, b=None, preloaded=None, slot_of=None) -> Call:
     """Elementwise kernel: shape-() members once, then one loop nest per domain (shape), in
-    order; a flat domain of a parallel kernel with enough work is a prange of its own. `b`/`preloaded`: a builder that already
-    holds some values as arrays (node id -> array param; the GEMM result)."""
+    order; a flat domain of a parallel kernel with enough work is a prange of its own.
+    `b`/`preloaded`: a builder that already holds some values as arrays (node id -> array
+    param; the GEMM result)."""
     b = b or Builder(g, inlined, slot_of)
     outs = set(kernel.outputs)
     scal = [m for m in kernel.nodes if g.nodes[m].type.shape == ()]

@@ -25,8 +25,9 @@ def _transpose_tiles(x3, o3):
 @kernel
 def permute(x, out, axes):
     """permute: out = np.transpose(x, axes); `axes` is an int tuple with one entry per axis.
-    A (batched) swap of the last two axes runs cache-blocked; otherwise each output row is a
-    strided gather along input axis axes[-1]."""
+    A (batched) swap of the last two axes runs cache-blocked; a 3-D/4-D permute keeping the
+    last axis copies whole rows; otherwise each output row is a strided gather along input
+    axis axes[-1]."""
     n = x.ndim
     if out.size == 0:
         return
@@ -38,23 +39,21 @@ def permute(x, out, axes):
         _transpose_tiles(x.reshape((x.size // (R * C), R, C)),
                          out.reshape((out.size // (R * C), C, R)))
         return
-    xf, of = x.reshape(x.size), out.reshape(out.size)
     last = out.shape[n - 1] if n else 1
-    step = x.strides[axes[n - 1]] // x.itemsize if n else 1
     if 3 <= n <= 4 and axes[n - 1] == n - 1:
         # the last axis stays: a row copy per output row, source rows from nested loops (the
         # general path's per-row divisions and flat offsets ran [8,128,4,64] -> [8,4,128,64]
         # in 160 us, row views in 30 us)
-        rs = last                                  # elements per row (the last axis is kept)
         if n == 4:
             A, B, C = out.shape[0], out.shape[1], out.shape[2]
-            ra = x.strides[axes[0]] // x.itemsize // rs
-            rb = x.strides[axes[1]] // x.itemsize // rs
-            rc = x.strides[axes[2]] // x.itemsize // rs
+            ra = x.strides[axes[0]] // x.itemsize // last
+            rb = x.strides[axes[1]] // x.itemsize // last
+            rc = x.strides[axes[2]] // x.itemsize // last
         else:
             A, B, C = 1, out.shape[0], out.shape[1]
-            ra, rb, rc = 0, x.strides[axes[0]] // x.itemsize // rs, \
-                x.strides[axes[1]] // x.itemsize // rs
+            ra = 0
+            rb = x.strides[axes[0]] // x.itemsize // last
+            rc = x.strides[axes[1]] // x.itemsize // last
         x2, o2 = x.reshape((x.size // last, last)), out.reshape((out.size // last, last))
         r = 0
         for a in range(A):
@@ -65,6 +64,8 @@ def permute(x, out, axes):
                         dst[j] = src[j]
                     r += 1
         return
+    xf, of = x.reshape(x.size), out.reshape(out.size)
+    step = x.strides[axes[n - 1]] // x.itemsize if n else 1
     for r in range(out.size // last):
         rem, off = r, 0
         for k in range(n - 2, -1, -1):
