@@ -25,7 +25,8 @@ def _blas_info():
 @pytest.fixture(scope="module", autouse=True)
 def report_blas(request):
     yield
-    print("\nBLAS/OpenMP in use:", _blas_info(),
+    from jitgraph.runtime.cpu import blas
+    print("\nBLAS/OpenMP in use:", _blas_info(), "jitgraph GEMMs:", blas.BACKEND, blas.LIBRARY,
           "OPENBLAS_CORETYPE=", os.environ.get("OPENBLAS_CORETYPE"))
 
 

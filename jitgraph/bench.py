@@ -238,7 +238,9 @@ def environment() -> dict:
     from threadpoolctl import threadpool_info
     keys = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER",
             "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "JITGRAPH_NUM_THREADS")
+    from jitgraph.runtime.cpu import blas
     return {"argv": sys.argv, "python": platform.python_version(), "numpy": numpy.__version__,
+            "gemm": {"backend": blas.BACKEND, "library": blas.LIBRARY},
             "numba": numba.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
             "env": {k: os.environ.get(k) for k in keys},
             "threadpools": [{k: i.get(k) for k in ("internal_api", "version", "architecture",
@@ -250,7 +252,7 @@ def describe_environment(env) -> str:
     pools = ", ".join(" ".join(str(b[k]) for k in ("internal_api", "version", "architecture")
                                if b[k]) + f" x{b['num_threads']}" for b in env["threadpools"])
     line = f"# {env['cpus']} cpus, numba {env['numba']}, numpy {env['numpy']}; " \
-           f"thread pools: {pools or 'none loaded'}"
+           f"GEMMs: {env['gemm']['backend']}'s OpenBLAS; thread pools: {pools or 'none loaded'}"
     if env["env"]["OPENBLAS_CORETYPE"] or env["env"]["OPENBLAS_L2_SIZE"]:
         line += ("\n# note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set (slower sgemm); "
                  "run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` as on a user's machine")

@@ -56,6 +56,45 @@ def runtime_source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+@lru_cache(maxsize=None)
+def install_runtime_locator() -> None:
+    """Make numba's cache of the runtime's own cache=True functions (runtime/cpu/*.py) stale
+    whenever any runtime/cpu source changes. numba stamps a cached function with its own file
+    only, but machine code cached for lib_conv.py holds the GEMM and helpers it inlined from
+    blas.py and lib_common.py: after those changed, the stale entry still loaded (and aborted
+    the process once a symbol it called was renamed). Called by the runtime modules that
+    define cached functions, before they define them."""
+    from numba.core import caching
+
+    class RuntimeLocator(caching._CacheLocator):
+        def __init__(self, inner):
+            self._inner = inner
+
+        def get_cache_path(self):
+            return self._inner.get_cache_path()
+
+        def get_source_stamp(self):
+            return self._inner.get_source_stamp(), runtime_source_hash()
+
+        def get_disambiguator(self):
+            return self._inner.get_disambiguator()
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if Path(py_file).resolve().parent != _RUNTIME_CPU:
+                return None
+            for other in caching.CacheImpl._locator_classes:
+                inner = None if other is cls else other.from_function(py_func, py_file)
+                if inner is not None:
+                    return cls(inner)
+            return None
+
+    caching.CacheImpl._locator_classes.insert(0, RuntimeLocator)
+
+
+_RUNTIME_CPU = (Path(__file__).parent / "cpu").resolve()
+
+
 def module_name(prefix: str, text: str) -> str:
     digest = hashlib.sha256(f"{toolchain()}\n{text}".encode()).hexdigest()
     return f"{prefix}_{digest[:24]}"

@@ -102,3 +102,22 @@ def test_program_in_same_process_reuses_loaded_kernels():
     s = again.stats()
     assert s["kernels_compiled"] == 0 and s["kernels_reused"] == s["kernel_functions"]
     np.testing.assert_allclose(again.step(x=np.zeros(4))["y"], 2.0)
+
+
+def test_runtime_library_cache_goes_stale_when_any_runtime_source_changes():
+    """numba stamps a cached function with its own file; the runtime's functions inline each
+    other (lib_conv holds blas's GEMM), so their stamp also carries the hash of every
+    runtime/cpu source, and an index saved under another runtime is not loaded."""
+    from jitgraph.runtime.cpu import blas
+    a, c = np.ones((2, 2), np.float32), np.zeros((2, 2), np.float32)
+    blas.gemm_f32(False, False, 1.0, a, a, 0.0, c)
+    np.testing.assert_array_equal(c, a @ a)
+    f = blas.gemm_f32._cache
+    assert f._impl.locator.get_source_stamp()[1] == cache.runtime_source_hash()
+    assert f._cache_file._load_index(), "gemm_f32 was saved under the current runtime"
+    own = f._cache_file._source_stamp
+    f._cache_file._source_stamp = (own[0], "another runtime")
+    try:
+        assert f._cache_file._load_index() == {}
+    finally:
+        f._cache_file._source_stamp = own

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from numba import njit
 
+from ..cache import install_runtime_locator
+
+install_runtime_locator()
 _OPTS = dict(cache=True, error_model="numpy", fastmath=False, nogil=True)
 kernel = njit(**_OPTS)
 pkernel = njit(parallel=True, **_OPTS)

@@ -18,7 +18,8 @@ calls `configure()` first; libgomp reads OMP_WAIT_POLICY when the pool starts). 
                          3.06 ms, against 1.10 ms with 4 (bench: MLP step at batch 100 3.0 ->
                          2.3 ms, batch 1000 16.2 -> 11.8 ms). Read when OpenBLAS loads, so
                          jitgraph sets it at import (before numpy and scipy load their OpenBLAS
-                         when jitgraph is imported first).
+                         when jitgraph is imported first); the GEMM library (blas.py, numpy's
+                         OpenBLAS by default) is told again when numpy was imported first.
 """
 from __future__ import annotations
 

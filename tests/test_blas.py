@@ -1,0 +1,96 @@
+"""The GEMM entry points (runtime/cpu/blas.py) under each BLAS backend, against float64 numpy.
+
+The backend is chosen when the module loads, so each backend runs in a process of its own."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+CHECK = r"""
+import json, sys
+import numpy as np
+from jitgraph.runtime.cpu import blas
+rng = np.random.default_rng(0)
+worst = 0.0
+for gemm, dt, tol in ((blas.gemm_f32, np.float32, 1e-5), (blas.gemm_f64, np.float64, 1e-12)):
+    for m, n, k in ((1, 1, 1), (7, 3, 5), (13, 1, 29), (64, 10, 100), (3, 17, 1)):
+        for ta in (False, True):
+            for tb in (False, True):
+                a = rng.standard_normal((k, m) if ta else (m, k)).astype(dt)
+                b = rng.standard_normal((n, k) if tb else (k, n)).astype(dt)
+                c0 = rng.standard_normal((m, n)).astype(dt)
+                for alpha, beta in ((1.0, 0.0), (0.5, 1.0), (-2.0, 0.25)):
+                    c = c0.copy()
+                    gemm(ta, tb, alpha, a, b, beta, c)
+                    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+                    want = alpha * ((a64.T if ta else a64) @ (b64.T if tb else b64)) + beta * c0
+                    err = float(np.abs(c - want).max() / (np.abs(want).max() + 1))
+                    assert err < tol, (dt.__name__, m, n, k, ta, tb, alpha, beta, err)
+                    worst = max(worst, err)
+print(json.dumps({"backend": blas.BACKEND, "library": blas.LIBRARY, "worst": worst}))
+"""
+
+
+def _run(code, **env):
+    e = {**os.environ, **env}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def _numpy_has_openblas():
+    from jitgraph.runtime.cpu import blas
+    return blas.numpy_openblas() is not None
+
+
+@pytest.mark.parametrize("backend", ["numpy", "scipy"])
+def test_gemm_against_float64_numpy(backend):
+    if backend == "numpy" and not _numpy_has_openblas():
+        pytest.skip("numpy has no bundled 64-bit-integer OpenBLAS here")
+    out = json.loads(_run(CHECK, JITGRAPH_BLAS=backend))
+    assert out["backend"] == backend
+    assert ("cython_blas" in out["library"]) == (backend == "scipy")
+
+
+def test_default_backend_is_numpy_openblas_when_bundled():
+    out = json.loads(_run(CHECK, JITGRAPH_BLAS=""))
+    assert out["backend"] == ("numpy" if _numpy_has_openblas() else "scipy")
+
+
+def test_unknown_backend_is_a_clear_error(monkeypatch):
+    from jitgraph.runtime.cpu import blas
+    monkeypatch.setenv("JITGRAPH_BLAS", "mkl")
+    with pytest.raises(ValueError, match="JITGRAPH_BLAS='mkl'.*numpy, scipy"):
+        blas._choose()
+
+
+def test_thread_timeout_reaches_numpy_openblas_imported_first():
+    """numpy imported (and its OpenBLAS loaded) before jitgraph set OPENBLAS_THREAD_TIMEOUT:
+    the setting still reaches the library jitgraph calls."""
+    if not _numpy_has_openblas():
+        pytest.skip("numpy has no bundled 64-bit-integer OpenBLAS here")
+    code = ("import os, numpy\n"
+            "os.environ['OPENBLAS_THREAD_TIMEOUT'] = '6'\n"
+            "from jitgraph.runtime.cpu import blas\n"
+            "print(blas.BACKEND, blas._NUMPY[1].openblas_thread_timeout())")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["numpy", "6"]
+
+
+def test_compiled_steps_agree_under_scipy_backend():
+    """Whole training programs (matmuls with transposed operands in the backward, a CNN block's
+    im2col GEMMs) compiled against the fallback backend match the interpreter step for step."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+            "import jitgraph as jg, test_compile as t\n"
+            "from jitgraph.runtime.cpu import blas\n"
+            "t.train_and_compare(t.mlp(), jg.optim.AdamW(lr=1e-2))\n"
+            "t.test_cnn_block_matches_interpreter()\n"
+            "print(blas.BACKEND)")
+    assert _run(code, JITGRAPH_BLAS="scipy") == "scipy"
