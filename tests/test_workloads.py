@@ -257,9 +257,26 @@ def test_time_steps_interleaves():
         def step(self, **feeds):
             calls.append((self.name, feeds))
 
-    res = bench.time_steps([Prog("a"), Prog("b")], {"x": 1}, repeat=3, warmup=1)
+    res = bench.time_steps([Prog("a"), Prog("b")], {"x": 1}, repeat=3, warmup=1, block=1)
     assert calls == [("a", {"x": 1}), ("b", {"x": 1})] * 4
     assert all(0 <= r["min_s"] <= r["median_s"] for r in res) and len(res) == 2
+
+
+def test_time_steps_takes_turns_in_blocks_after_an_untimed_step():
+    calls = []
+
+    class Prog:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self, **feeds):
+            calls.append(self.name)
+
+    res = bench.time_steps([Prog("a"), Prog("b")], {}, repeat=7, warmup=1, block=3)
+    # warmup a b; then turns of 1 untimed + 3, 3, 1 timed steps each
+    assert calls == ["a", "b"] + ["a"] * 4 + ["b"] * 4 + ["a"] * 4 + ["b"] * 4 + ["a"] * 2 + \
+        ["b"] * 2
+    assert len(res) == 2
 
 
 def test_run_suite_table_and_json(tmp_path, fake_compile, capsys):

@@ -25,7 +25,7 @@ import os
 from llvmlite import binding as llvm
 from numba import cfunc, njit, types
 from numba.core import cgutils
-from numba.extending import get_cython_function_address, intrinsic
+from numba.extending import get_cython_function_address, intrinsic, overload
 
 from ..cache import install_runtime_locator
 
@@ -148,23 +148,29 @@ def _dims(ta, tb, a, b, c):
             max(a.shape[1], 1), max(n, 1))
 
 
-@njit(cache=True, nogil=True)
-def gemm_f32(ta, tb, alpha, a, b, beta, c):
-    """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 arrays."""
-    fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
-    if m and n:
-        i = types.int64
-        _sgemm(_ref(types.int8(fb)), _ref(types.int8(fa)), _ref(i(n)), _ref(i(m)), _ref(i(k)),
-               _ref(types.float32(alpha)), b.ctypes, _ref(i(ldb)), a.ctypes, _ref(i(lda)),
-               _ref(types.float32(beta)), c.ctypes, _ref(i(ldc)))
+def _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc):
+    """sgemm or dgemm by c's dtype, every scalar by reference (callable from @njit only)."""
+    raise NotImplementedError("_xgemm is callable from @njit code only")
+
+
+@overload(_xgemm)
+def _xgemm_typed(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc):
+    f, real = (_sgemm, types.float32) if c.dtype == types.float32 else (_dgemm, types.float64)
+    i, i8 = types.int64, types.int8
+
+    def impl(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc):
+        f(_ref(i8(fb)), _ref(i8(fa)), _ref(i(n)), _ref(i(m)), _ref(i(k)), _ref(real(alpha)),
+          b.ctypes, _ref(i(ldb)), a.ctypes, _ref(i(lda)), _ref(real(beta)), c.ctypes, _ref(i(ldc)))
+    return impl
 
 
 @njit(cache=True, nogil=True)
-def gemm_f64(ta, tb, alpha, a, b, beta, c):
-    """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float64 arrays."""
+def gemm(ta, tb, alpha, a, b, beta, c):
+    """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 or float64
+    arrays (sgemm / dgemm)."""
     fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
     if m and n:
-        i = types.int64
-        _dgemm(_ref(types.int8(fb)), _ref(types.int8(fa)), _ref(i(n)), _ref(i(m)), _ref(i(k)),
-               _ref(types.float64(alpha)), b.ctypes, _ref(i(ldb)), a.ctypes, _ref(i(lda)),
-               _ref(types.float64(beta)), c.ctypes, _ref(i(ldc)))
+        _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
+
+
+gemm_f32 = gemm_f64 = gemm      # the names generated kernels import (gemm_<dtype>)

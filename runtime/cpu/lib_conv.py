@@ -23,22 +23,10 @@ against 1.12 ms for the per-element im2col before (the GEMM is ~0.47 ms of it, ~
 from __future__ import annotations
 
 import numba
-from numba import prange, types
-from numba.extending import overload
+from numba import prange
 
-from .blas import gemm_f32, gemm_f64
+from .blas import gemm   # sgemm or dgemm by dtype
 from .lib_common import PAR_MIN_WORK, kernel, pkernel
-
-
-def gemm(ta, tb, alpha, a, b, beta, c):
-    """c = alpha * op(a) @ op(b) + beta * c, dispatched on dtype (f32: sgemm, f64: dgemm)."""
-    raise NotImplementedError("gemm is callable from @njit code only")
-
-
-@overload(gemm)
-def _gemm_typed(ta, tb, alpha, a, b, beta, c):
-    impl = gemm_f32 if c.dtype == types.float32 else gemm_f64
-    return lambda ta, tb, alpha, a, b, beta, c: impl(ta, tb, alpha, a, b, beta, c)
 
 
 @kernel
