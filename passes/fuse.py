@@ -10,7 +10,11 @@ member, if any):
                optimizer update kernel holds several domains, one loop each (the scalars
                it reads, bias corrections, are one tiny kernel of their own)
   gemm         a 2-D matmul followed by elementwise nodes over its output (bias, activation,
-               residual, scale), applied right after the GEMM while its output is in cache
+               residual, scale), applied right after the GEMM while its output is in cache;
+               and preceded by the elementwise group computing an operand (a prologue,
+               e.g. relu(x) @ w or x @ (w * mask)) when nothing but the GEMM reads that
+               group's values: the prologue writes the operand once into scratch space
+               and the GEMM reads it there (BLAS needs it in memory), one kernel for two
   rows         a row op over the last axis (softmax, log_softmax, rms_norm, layer_norm and
                their *_back ops) with an elementwise prologue on its operands and an
                elementwise epilogue on its result, all of the same shape
@@ -174,8 +178,9 @@ class _Grouping:
         for i in self.g.nodes[nid].inputs:
             gid = self.group_of.get(i)
             if gid is not None and gid not in out and (nid in self.forward or not any(
-                    m in self.forward for m in self.groups[gid]["members"])):
-                out.append(gid)
+                    m in self.forward for m in self.groups[gid]["members"])) and \
+                    i not in self.groups[gid].get("prologue", ()):
+                out.append(gid)      # a GEMM's prologue values live only in scratch space
         return out
 
     def convex(self, members) -> bool:
@@ -200,11 +205,14 @@ class _Grouping:
         members = sorted({nid, *[m for gid in gids for m in self.groups[gid]["members"]]})
         if not self.convex(members):
             return False
+        pro = set().union(*(self.groups[gid].get("prologue", ()) for gid in gids))
         for gid in gids:
             del self.groups[gid]
         self.new(nid, kind, domain, anchor)
         gid = self.group_of[nid]
         self.groups[gid]["members"] = members
+        if pro:
+            self.groups[gid]["prologue"] = pro
         for m in members:
             self.group_of[m] = gid
         return True
@@ -243,6 +251,27 @@ def _join_elementwise(gr, n):
         if gr.merge(n.id, gids, kind, shape, anchor):
             return
     gr.new(n.id, "elementwise", shape)
+
+
+def _gemm(gr, n):
+    """A GEMM group for matmul n, with the elementwise groups computing its operands as its
+    prologue when n is the only reader of their values outside them."""
+    g = gr.g
+    kept = set(g.outputs.values()) | set(g.updates.values())
+    pro = set()
+    gids = []
+    for gid in gr.producers(n.id):
+        grp = gr.groups[gid]
+        mem = set(grp["members"])
+        ops = [i for i in n.inputs if i in mem]
+        if grp["kind"] == "elementwise" and not mem & kept and \
+                all(grp["domain"] == g.nodes[i].type.shape for i in ops) and \
+                all(u == n.id or u in mem for m in mem for u in gr.users[m]):
+            gids.append(gid)
+            pro |= mem
+    gr.new(n.id, "gemm", n.type.shape, n.id)
+    if gids and gr.merge(n.id, gids + [gr.group_of[n.id]], "gemm", n.type.shape, n.id):
+        gr.groups[gr.group_of[n.id]]["prologue"] = pro
 
 
 def _row_op(gr, n):
@@ -320,7 +349,7 @@ def _group_fused(graph, live):
         elif kind == "reduce":
             _reduction(gr, n)
         elif is_direct_gemm(graph, n):
-            gr.new(n.id, "gemm", n.type.shape, n.id)
+            _gemm(gr, n)
         else:
             gr.new(n.id, "node", n.type.shape)
     _merge_updates(gr)

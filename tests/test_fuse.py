@@ -183,6 +183,51 @@ def test_gemm_epilogues(dt):
     check(g, min_fused=3)
 
 
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_gemm_prologues(dt):
+    """An elementwise group whose values only the GEMM reads computes its operand inside the
+    GEMM's kernel (into scratch space): on x, on w, on both, batched x, two operands from one
+    input, with and without an epilogue."""
+    g = jg.Graph(f"prologue_{dt}")
+    x, w, b = g.input("x", (9, 17), dt), g.input("w", (17, 23), dt), g.input("b", (23,), dt)
+    xb, m = g.input("xb", (2, 3, 17), dt), g.input("m", (17, 23), dt)
+    g.output(a=jg.relu(jg.relu(x * 2.0) @ w + b),
+             c=x @ (w * m),
+             d=jg.tanh(xb - 1.0) @ jg.sqr(w),
+             e=jg.matmul(jg.exp(x * 0.1), jg.exp(x * 0.2), ta=True))
+    prog = check(g, min_fused=4)
+    kernels = prog._state.kernels.kernels
+    assert len(kernels) == 4 and all(k.kind == "gemm" for k in kernels), prog.ir("fuse")
+    assert [len(k.outputs) for k in kernels] == [1, 1, 1, 1]     # operands never stored
+    itemsize = 4 if dt == "f32" else 8
+    assert prog.stats()["workspace_bytes"] >= 9 * 17 * itemsize   # they live in scratch space
+
+
+def test_gemm_prologue_only_when_the_gemm_alone_reads_it():
+    g = jg.Graph("shared")
+    x, w = g.input("x", (6, 5)), g.input("w", (5, 4))
+    h = jg.relu(x - 0.5)
+    g.output(y=h @ w, s=jg.sum(h))          # h is read by the sum too: stored, no prologue
+    prog = check(g, min_fused=0)
+    g2 = prog._state.kernels.graph
+    gemm = next(k for k in prog._state.kernels.kernels
+                if any(g2.nodes[i].op == "matmul" for i in k.nodes))
+    assert [g2.nodes[i].op for i in gemm.nodes] == ["matmul"], prog.ir("fuse")
+
+
+def test_gemm_prologue_in_a_training_program_matches_the_interpreter():
+    """Masked weights (w * m, m an input): the backward needs x and the gradient, not w * m,
+    so the forward GEMM computes its operand in its prologue every step."""
+    g = jg.Graph("masked")
+    x, y = g.input("x", (16, 12)), g.input("y", (16,), "i32")
+    m = g.input("m", (12, 5))
+    w = g.param("w", (12, 5), init=jg.init.he_normal())
+    g.output(loss=jg.cross_entropy(x @ (w * m), y))
+    prog = train_compare(g, jg.optim.SGD(lr=0.1, momentum=0.9))
+    assert any(k.kind == "gemm" and len(k.nodes) > 1 and k.anchor != k.nodes[0]
+               for k in prog._state.kernels.kernels), prog.ir("fuse")
+
+
 def test_gemm_epilogue_never_overwrites_an_operand():
     # h = x @ w + x_sq: the result may not be written over an operand the epilogue still reads
     g = jg.Graph("carrier")

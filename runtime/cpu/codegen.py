@@ -112,8 +112,8 @@ def generate(kg, plan, name_of) -> Generated:
     def address(a):
         nonlocal work
         if isinstance(a, lower.Workspace):
-            work = max(work, a.size * TensorType(a.dtype, ()).np_dtype.itemsize)
-            return "arena", work_at
+            work = max(work, a.offset + a.size * TensorType(a.dtype, ()).np_dtype.itemsize)
+            return "arena", work_at + a.offset
         s = plan.slots[a[0]]
         return s.region, s.offset
 

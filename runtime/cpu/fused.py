@@ -121,11 +121,12 @@ def _work(g, members):
 
 
 # ---- elementwise (one or several domains, scalars first) ----------------------------------------
-def elementwise(g, kernel, inlined, b=None, preloaded=None, slot_of=None) -> Call:
+def elementwise(g, kernel, inlined, b=None, preloaded=None, slot_of=None, spill=None) -> Call:
     """Elementwise kernel: shape-() members once, then one loop nest per domain (shape), in
     order; a flat domain of a parallel kernel with enough work is a prange of its own.
     `b`/`preloaded`: a builder that already holds some values as arrays (node id -> array
-    param; the GEMM result)."""
+    param; the GEMM result). `spill`: outputs stored into scratch space instead of a buffer of
+    their own (node id -> the Workspace for a view shape; a GEMM prologue's operand)."""
     b = b or Builder(g, inlined, slot_of)
     outs = set(kernel.outputs)
     scal = [m for m in kernel.nodes if g.nodes[m].type.shape == ()]
@@ -141,7 +142,7 @@ def elementwise(g, kernel, inlined, b=None, preloaded=None, slot_of=None) -> Cal
     par = _work(g, kernel.nodes) >= PARALLEL_MIN_WORK
     for shape, mems in domains.items():
         # in order: a domain's hoisted loads define the scalars later domains read
-        seg = _segment(b, shape, mems, outs, preloaded or {})
+        seg = _segment(b, shape, mems, outs, preloaded or {}, spill or {})
         # a flat domain of a parallel kernel gets its own prange when it has the work for one
         # (an f32 add of 64k elements: serial 8.4 us, parallel 5.8 us; 16k: 2.4 / 3.1 us)
         if seg[0] == 1 and par and seg[2][0] > 1 and \
@@ -152,7 +153,7 @@ def elementwise(g, kernel, inlined, b=None, preloaded=None, slot_of=None) -> Cal
     return b.call(any("prange(" in ln for ln in b.lines))
 
 
-def _segment(b, domain, members, outs, preloaded):
+def _segment(b, domain, members, outs, preloaded, spill):
     """(axes, hoisted lines, shape, loads per loop level, member and store lines) of one
     domain, collapsed to the fewest axes its operands' broadcasts allow."""
     g = b.g
@@ -170,7 +171,8 @@ def _segment(b, domain, members, outs, preloaded):
         b.vals[i] = b.local(i, "x")
     at = ", ".join(idx)
     body = b.members(members, "")
-    body += [f"{b.arg((m, shape), 'o')}[{at}] = {b.local(m)}" for m in members if m in outs]
+    body += [f"{b.arg(spill[m](shape), 'w') if m in spill else b.arg((m, shape), 'o')}[{at}] = "
+             f"{b.local(m)}" for m in members if m in outs]
     body += [f"{b.arg((i, shape), 'o')}[{at}] = {b.local(i, 'x')}" for i in preloaded if i in outs]
     return k, levels.pop(0, []), shape, levels, body
 
@@ -200,27 +202,60 @@ def _overlap(a, b):
 
 
 # ---- GEMM + epilogue -----------------------------------------------------------------------------
+def _feeding(g, nid, members) -> set:
+    """The members `nid` reads, directly or through other members."""
+    mem, out, todo = set(members), set(), [nid]
+    while todo:
+        for i in g.nodes[todo.pop()].inputs:
+            if i in mem and i not in out:
+                out.add(i)
+                todo.append(i)
+    return out
+
+
 def gemm(g, kernel, inlined, slot_of) -> Call:
-    """The GEMM writes into a carrier buffer (the product's own output buffer when it shares no
-    bytes with an operand, else scratch space), then the epilogue runs over it while it is hot."""
+    """A prologue (the members the GEMM reads) computes operands into scratch space (or their
+    own buffers when read outside too); the GEMM writes into a carrier buffer (the product's
+    own output buffer when it shares no bytes with an operand, else scratch space after the
+    operands'), then the epilogue runs over it while it is hot."""
     n = g.nodes[kernel.anchor]
     w, xv, (rows, ncols) = matmul_operands(g, n)
     ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
+    pro = _feeding(g, n.id, kernel.nodes)
+    b = Builder(g, inlined, slot_of)
+    scratch, at = {}, 0            # operand computed by the prologue -> its scratch offset
+    for i in dict.fromkeys(n.inputs):
+        if i in pro and i not in kernel.outputs:
+            scratch[i] = at
+            at += -(-g.nodes[i].type.nbytes // 64) * 64
+
+    def spilled(i, shp):
+        t = g.nodes[i].type
+        return Workspace(t.size, t.dtype, shp, scratch[i])
+    if pro:
+        ordered = tuple(m for m in kernel.nodes if m in pro)
+        elementwise(g, type(kernel)(kernel.id, ordered, "elementwise", tuple(
+            m for m in ordered if m in kernel.outputs or m in scratch)), inlined, b,
+            spill={i: (lambda shp, i=i: spilled(i, shp)) for i in scratch})
+        b.vals = {c: v for c, v in b.vals.items() if c in inlined}   # its loop-local names
     # The product goes into its own output buffer when it is one, else into scratch space: the
     # epilogue then reads one buffer and writes others. An epilogue that rewrote its carrier in
     # place ran 2.6x slower (LLVM left the loop scalar).
     carrier = n.id if n.id in kernel.outputs and \
         not any(_overlap(slot_of(n.id), s) for s in ins) else None
-    epi = tuple(m for m in kernel.nodes if m != n.id)
-    outs = tuple(m for m in kernel.outputs if m != n.id or carrier != n.id)
-    b = Builder(g, inlined, slot_of)
+    epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro)
+    outs = tuple(m for m in kernel.outputs if (m != n.id or carrier != n.id) and m not in pro)
     shape, _ = collapse(n.type.shape, [g.nodes[i].type.shape for i in externals(g, epi, b.vals)
                                        if i != n.id])
 
     def view(shp):
         return (carrier, shp) if carrier is not None else \
-            Workspace(rows * ncols, n.type.dtype, shp)
-    xa, wa, ca = b.arg(xv), b.arg((w.id, w.type.shape)), b.arg(view((rows, ncols)), "c")
+            Workspace(rows * ncols, n.type.dtype, shp, at)
+
+    def operand(i, shp):
+        return b.arg(spilled(i, shp), "w") if i in scratch else b.arg((i, shp))
+    xa, wa = operand(xv[0], xv[1]), operand(w.id, w.type.shape)
+    ca = b.arg(view((rows, ncols)), "c")
     b.lines += [f"gemm_{n.type.dtype}({literal(n.attr['ta'])}, {literal(n.attr['tb'])}, 1.0, "
                 f"{xa}, {wa}, 0.0, {ca})"]
     cflat = ca if shape == (rows, ncols) else b.arg(view(shape), "c")

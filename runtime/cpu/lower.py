@@ -42,10 +42,11 @@ class Call:
 @dataclass(frozen=True)
 class Workspace:
     """A scratch-buffer argument: `size` elements of `dtype`, contents undefined on entry, seen
-    as an array of `shape` (default 1-D)."""
+    as an array of `shape` (default 1-D), `offset` bytes into the kernel's scratch space."""
     size: int
     dtype: str
     shape: tuple = ()
+    offset: int = 0
 
 
 def literal(v) -> str:
