@@ -247,35 +247,30 @@ def test_gemm_seconds_times_each_distinct_matmul_once_and_counts_every_node(monk
     assert bench.gemm_seconds(jg.Graph("none"), repeat=1) == 0
 
 
-def test_time_steps_interleaves():
-    calls = []
-
+def _recording_programs(calls, *names):
     class Prog:
         def __init__(self, name):
             self.name = name
 
         def step(self, **feeds):
             calls.append((self.name, feeds))
+    return [Prog(n) for n in names]
 
-    res = bench.time_steps([Prog("a"), Prog("b")], {"x": 1}, repeat=3, warmup=1, block=1)
+
+def test_time_steps_interleaves():
+    calls = []
+    res = bench.time_steps(_recording_programs(calls, "a", "b"), {"x": 1}, repeat=3, warmup=1,
+                           block=1)
     assert calls == [("a", {"x": 1}), ("b", {"x": 1})] * 4
     assert all(0 <= r["min_s"] <= r["median_s"] for r in res) and len(res) == 2
 
 
 def test_time_steps_takes_turns_in_blocks_after_an_untimed_step():
     calls = []
-
-    class Prog:
-        def __init__(self, name):
-            self.name = name
-
-        def step(self, **feeds):
-            calls.append(self.name)
-
-    res = bench.time_steps([Prog("a"), Prog("b")], {}, repeat=7, warmup=1, block=3)
+    res = bench.time_steps(_recording_programs(calls, "a", "b"), {}, repeat=7, warmup=1, block=3)
     # warmup a b; then turns of 1 untimed + 3, 3, 1 timed steps each
-    assert calls == ["a", "b"] + ["a"] * 4 + ["b"] * 4 + ["a"] * 4 + ["b"] * 4 + ["a"] * 2 + \
-        ["b"] * 2
+    assert [c[0] for c in calls] == ["a", "b"] + ["a"] * 4 + ["b"] * 4 + ["a"] * 4 + \
+        ["b"] * 4 + ["a"] * 2 + ["b"] * 2
     assert len(res) == 2
 
 
