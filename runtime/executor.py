@@ -83,8 +83,14 @@ def build(graph, options: Options):
              "bytes_moved": st.kernels.bytes_moved(),
              "arena_bytes": st.memory.arena_bytes, "workspace_bytes": gen.workspace_bytes,
              "persistent_bytes": st.memory.persist_bytes, "memory": st.memory.summary(),
-             "cache_dir": str(cache.cache_dir())}
+             "cache_dir": str(cache.cache_dir()), "gemm_library": _gemm_library()}
     return st, gen, driver, stats
+
+
+def _gemm_library() -> str:
+    """Which BLAS the GEMMs call (runtime/cpu/blas.py; JITGRAPH_BLAS)."""
+    from .cpu import blas
+    return f"{blas.BACKEND}: {blas.LIBRARY}"
 
 
 class ArrayMap(MutableMapping):

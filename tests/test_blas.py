@@ -61,6 +61,7 @@ def test_default_backend_is_numpy_openblas_when_bundled():
     assert out["backend"] == ("numpy" if _numpy_has_openblas() else "scipy")
 
 
+
 def test_unknown_backend_is_a_clear_error(monkeypatch):
     from jitgraph.runtime.cpu import blas
     monkeypatch.setenv("JITGRAPH_BLAS", "mkl")
@@ -84,13 +85,33 @@ def test_thread_timeout_reaches_numpy_openblas_imported_first():
     assert r.stdout.split() == ["numpy", "6"]
 
 
+def test_thread_timeout_is_left_alone_with_other_threads_running():
+    """Restarting numpy's OpenBLAS threads while another thread may be inside it is unsafe:
+    jitgraph warns instead."""
+    if not _numpy_has_openblas():
+        pytest.skip("numpy has no bundled 64-bit-integer OpenBLAS here")
+    code = ("import os, threading, time, warnings, numpy\n"
+            "t = threading.Thread(target=time.sleep, args=(5,), daemon=True); t.start()\n"
+            "os.environ['OPENBLAS_THREAD_TIMEOUT'] = '6'\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from jitgraph.runtime.cpu import blas\n"
+            "print(blas._NUMPY[1].openblas_thread_timeout(), "
+            "any('OPENBLAS_THREAD_TIMEOUT=6' in str(x.message) for x in w))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["0", "True"]
+
+
 def test_compiled_steps_agree_under_scipy_backend():
     """Whole training programs (matmuls with transposed operands in the backward, a CNN block's
     im2col GEMMs) compiled against the fallback backend match the interpreter step for step."""
     code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
             "import jitgraph as jg, test_compile as t\n"
             "from jitgraph.runtime.cpu import blas\n"
-            "t.train_and_compare(t.mlp(), jg.optim.AdamW(lr=1e-2))\n"
+            "prog = t.train_and_compare(t.mlp(), jg.optim.AdamW(lr=1e-2))\n"
             "t.test_cnn_block_matches_interpreter()\n"
-            "print(blas.BACKEND)")
-    assert _run(code, JITGRAPH_BLAS="scipy") == "scipy"
+            "print(prog.stats()['gemm_library'])")
+    assert _run(code, JITGRAPH_BLAS="scipy") == "scipy: scipy.linalg.cython_blas"

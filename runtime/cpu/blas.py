@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+import warnings
 
 from llvmlite import binding as llvm
 from numba import cfunc, njit, types
@@ -94,8 +96,15 @@ def _thread_settings(lib):
     want = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "")
     if want.isdigit() and hasattr(lib, "openblas_read_env") and \
             hasattr(lib, "blas_thread_shutdown_") and lib.openblas_thread_timeout() != int(want):
-        lib.openblas_read_env()
-        lib.blas_thread_shutdown_()
+        if threading.active_count() > 1:    # another thread may be inside numpy's BLAS now
+            warnings.warn("jitgraph: numpy's OpenBLAS started before OPENBLAS_THREAD_TIMEOUT was "
+                          "set, and other threads are running, so its threads are not restarted: "
+                          "its idle threads will spin after each GEMM and slow the parallel "
+                          "kernels; import jitgraph before numpy, or export "
+                          f"OPENBLAS_THREAD_TIMEOUT={want}", RuntimeWarning, stacklevel=2)
+        else:
+            lib.openblas_read_env()
+            lib.blas_thread_shutdown_()
     n = os.environ.get("JITGRAPH_NUM_THREADS", "")
     if n.isdigit() and int(n) > 0:
         for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_"):
