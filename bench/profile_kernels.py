@@ -1,9 +1,12 @@
 """Per-kernel timing of a compiled program: `python bench/profile_kernels.py [batch|workload]
-[--unfused]` (a batch size profiles the MNIST MLP; a name from jitgraph/workloads.py that
-workload).
+[--unfused] [--in-order]` (a batch size profiles the MNIST MLP; a name from
+jitgraph/workloads.py that workload).
 
 Calls each kernel's C entry point on the program's own buffers (after one real step) and prints
-the median time per kernel, slowest first, next to the whole step's median."""
+the median time per kernel, slowest first, next to the whole step's median. By default each
+kernel runs 20 times in a row (its data hot in cache); with --in-order the kernels run in step
+order, one pass per step, as the driver runs them (each kernel finds the caches as the kernels
+before it left them), and are listed in that order."""
 import sys
 import time
 
@@ -12,23 +15,28 @@ import numpy as np
 from mlp_common import mnist_mlp, random_batch
 
 
-def profile(prog, inputs, repeat=20):
+def profile(prog, inputs, repeat=20, in_order=False):
     prog.step(**inputs)
     regions = {"arena": prog._arena.ctypes.data, "persist": prog._persist.ctypes.data}
-    rows = []
+    calls = []
     for nid, name, addrs in prog._gen.calls:
         fn = getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes
-        args = [regions[r] + off for r, off in addrs]
-        ts = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn(*args)
-            ts.append(time.perf_counter() - t)
-        n = prog.graph.nodes[nid]
         k = next(k for k in prog._state.kernels.kernels if k.root == nid)
         what = " ".join(f"%{i} {prog.graph.nodes[i].op}" for i in k.nodes)
-        rows.append((np.median(ts) * 1e6, f"{what} : {n.type}"))
-    return sorted(rows, reverse=True)
+        calls.append((fn, [regions[r] + off for r, off in addrs],
+                      f"{what} : {prog.graph.nodes[nid].type}"))
+    times = np.zeros((repeat, len(calls)))
+    order = [(r, c) for r in range(repeat) for c in range(len(calls))] if in_order else \
+        [(r, c) for c in range(len(calls)) for r in range(repeat)]
+    for r, c in order:              # step by step (in order), or kernel by kernel
+        if in_order and c == 0:
+            prog._feed(inputs)
+        fn, args, _ = calls[c]
+        t = time.perf_counter()
+        fn(*args)
+        times[r, c] = time.perf_counter() - t
+    rows = [(us, what) for us, (_, _, what) in zip(np.median(times, axis=0) * 1e6, calls)]
+    return rows if in_order else sorted(rows, reverse=True)
 
 
 if __name__ == "__main__":
@@ -51,7 +59,7 @@ if __name__ == "__main__":
         t = time.perf_counter()
         prog.step(**b)
         ts.append(time.perf_counter() - t)
-    rows = profile(prog, b)
+    rows = profile(prog, b, in_order="--in-order" in sys.argv)
     total = sum(r[0] for r in rows) / 1e3
     print(f"step median {np.median(ts) * 1e3:.3f} ms; sum of kernels {total:.3f} ms")
     for us, what in rows:
