@@ -160,6 +160,7 @@ class _Grouping:
     def __init__(self, graph, live):
         self.g, self.live, self.forward = graph, live, forward_nodes(graph)
         self.users = {i: [u for u in us if u in live] for i, us in graph.users().items()}
+        self.kept = set(graph.outputs.values()) | set(graph.updates.values())   # read after
         self.group_of = {}          # node id -> group id
         self.groups = {}            # group id -> dict(members, kind, domain, anchor)
 
@@ -257,14 +258,12 @@ def _gemm(gr, n):
     """A GEMM group for matmul n, with the elementwise groups computing its operands as its
     prologue when n is the only reader of their values outside them."""
     g = gr.g
-    kept = set(g.outputs.values()) | set(g.updates.values())
-    pro = set()
-    gids = []
+    pro, gids = set(), []
     for gid in gr.producers(n.id):
         grp = gr.groups[gid]
         mem = set(grp["members"])
         ops = [i for i in n.inputs if i in mem]
-        if grp["kind"] == "elementwise" and not mem & kept and \
+        if grp["kind"] == "elementwise" and not mem & gr.kept and \
                 all(grp["domain"] == g.nodes[i].type.shape for i in ops) and \
                 all(u == n.id or u in mem for m in mem for u in gr.users[m]):
             gids.append(gid)
@@ -354,10 +353,9 @@ def _group_fused(graph, live):
             gr.new(n.id, "node", n.type.shape)
     _merge_updates(gr)
     inlined = set()
-    needed = set(graph.outputs.values()) | set(graph.updates.values())
     for c in consts:
         readers = gr.users[c]
-        if c in needed or any(gr.group_of.get(u) is None or
+        if c in gr.kept or any(gr.group_of.get(u) is None or
                               gr.groups[gr.group_of[u]]["kind"] == "node" or
                               gr.groups[gr.group_of[u]]["anchor"] == u and
                               gr.groups[gr.group_of[u]]["kind"] == "gemm" for u in readers):
@@ -388,15 +386,10 @@ def _order(gr):
     return order
 
 
-def _outputs(graph, live, members, group_of, gid):
+def _outputs(gr, members, gid):
     """Members read outside the group: by another group, a view, or as a graph output/update."""
-    needed = set(graph.outputs.values()) | set(graph.updates.values())
-    users = graph.users()
-    out = []
-    for m in members:
-        if m in needed or any(u in live and group_of.get(u) != gid for u in users[m]):
-            out.append(m)
-    return tuple(out)
+    return tuple(m for m in members
+                 if m in gr.kept or any(gr.group_of.get(u) != gid for u in gr.users[m]))
 
 
 def group_kernels(graph, fuse: bool = True):
@@ -414,7 +407,7 @@ def group_kernels(graph, fuse: bool = True):
         for gid in _order(gr):
             grp = gr.groups[gid]
             members = tuple(grp["members"])
-            outs = _outputs(graph, live, members, gr.group_of, gid)
+            outs = _outputs(gr, members, gid)
             kind = grp["kind"] if len(members) > 1 or grp["kind"] in ("rows", "elementwise") \
                 else "node"
             kernels.append(Kernel(len(kernels), members, kind, outs, grp["anchor"]))

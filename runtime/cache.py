@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 FORMAT = 1
+_RUNTIME_CPU = (Path(__file__).parent / "cpu").resolve()   # the CPU runtime's sources
 _CHECK = "# jitgraph-checksum: "
 
 
@@ -51,7 +52,7 @@ def toolchain() -> str:
 def runtime_source_hash() -> str:
     """Hash of the CPU runtime's Python sources (runtime/cpu/*.py), part of every module name."""
     h = hashlib.sha256()
-    for f in sorted((Path(__file__).parent / "cpu").glob("*.py")):
+    for f in sorted(_RUNTIME_CPU.glob("*.py")):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
@@ -90,9 +91,6 @@ def install_runtime_locator() -> None:
             return None
 
     caching.CacheImpl._locator_classes.insert(0, RuntimeLocator)
-
-
-_RUNTIME_CPU = (Path(__file__).parent / "cpu").resolve()
 
 
 def module_name(prefix: str, text: str) -> str:

@@ -34,8 +34,9 @@ print(json.dumps({"backend": blas.BACKEND, "library": blas.LIBRARY, "worst": wor
 """
 
 
-def _run(code, **env):
-    e = {**os.environ, **env}
+def _run(code, without=(), **env):
+    """Last stdout line of `code` in a new process, with `env` set and `without` unset."""
+    e = {k: v for k, v in {**os.environ, **env}.items() if k not in without}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -78,11 +79,7 @@ def test_thread_timeout_reaches_numpy_openblas_imported_first():
             "os.environ['OPENBLAS_THREAD_TIMEOUT'] = '6'\n"
             "from jitgraph.runtime.cpu import blas\n"
             "print(blas.BACKEND, blas._NUMPY[1].openblas_thread_timeout())")
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["numpy", "6"]
+    assert _run(code, without=("OPENBLAS_THREAD_TIMEOUT",)).split() == ["numpy", "6"]
 
 
 def test_thread_timeout_is_left_alone_with_other_threads_running():
@@ -98,11 +95,7 @@ def test_thread_timeout_is_left_alone_with_other_threads_running():
             "    from jitgraph.runtime.cpu import blas\n"
             "print(blas._NUMPY[1].openblas_thread_timeout(), "
             "any('OPENBLAS_THREAD_TIMEOUT=6' in str(x.message) for x in w))")
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["0", "True"]
+    assert _run(code, without=("OPENBLAS_THREAD_TIMEOUT",)).split() == ["0", "True"]
 
 
 def test_compiled_steps_agree_under_scipy_backend():

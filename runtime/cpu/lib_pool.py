@@ -5,9 +5,9 @@ from the arrays. Max pooling pads with -inf, average pooling with zeros that cou
 
 Each kernel walks the [H, W] planes through 2-D views; max pooling splits the planes over threads
 when the work pays for a parallel region (lib_common.PAR_MIN_WORK), and the common 2x2 stride-2
-unpadded window has loops of its own (no window tests; disjoint windows, so the backward stores). A window that lies inside the plane
-(all of them without padding) is read without per-tap bounds tests and keeps its running maximum
-with selects; only border windows take the checked path. Measured (f32, relu'd [100,8,28,28],
+unpadded window has loops of its own (no window tests; disjoint windows, so the backward stores).
+A window that lies inside the plane (all of them without padding) is read without per-tap bounds
+tests and keeps its running maximum with selects; only border windows take the checked path. Measured (f32, relu'd [100,8,28,28],
 2x2 stride 2, one thread, a loaded 2-core box): max_pool2d 2.4 -> 0.2-0.5 ms, max_pool2d_back
 2.6 -> 1.7 ms against the per-tap checked loops before.
 """
