@@ -56,8 +56,9 @@ def recognise_patterns(graph):
     if not rewrites:
         return graph, Report("patterns", {"rewritten": 0})
     dropped = claimed - set(rewrites)
+    read = {i for n in graph.nodes if n.id not in dropped for i in rewrites.get(n.id, n).inputs}
     dropped |= {n.id for n in graph.nodes if n.op == "full" and n.id not in m.pinned
-                and m.users[n.id] and set(m.users[n.id]) <= dropped}   # constants only they read
+                and m.users[n.id] and n.id not in read}   # constants only the matches read
     g, new = _rebuild(graph, rewrites, dropped)
     for old, k in sorted(sizes.items()):
         r = g.nodes[new[old]]

@@ -5,6 +5,11 @@ the rewrite rules below run on it until none applies (each rule returns an exist
 type equals the node's, or one replacement node), then CSE merges it with a structurally equal
 node. A final sweep drops what no output or update reads and renumbers ids densely. Leaves,
 outputs, updates and initialisers are kept. Results change by float reassociation at most.
+
+Outputs are the values before the updates. An output that is an updated param's buffer (the
+param, a view of it, or a no-op of it that the rules removed) would be read after the update
+writes that buffer, so it gets a copy of its own (`cast` to its dtype), computed with the other
+values of the step ("output_copy" in the report).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import numpy as np
 from jitgraph.ir import LEAF_OPS, Graph
 from jitgraph.ops.registry import get_op
 
+from .fuse import base
 from .report import Report
 
 # ops that move or repeat elements without computing: a constant stays the same constant
@@ -43,6 +49,7 @@ def simplify(graph):
     g.outputs = {k: remap[i] for k, i in graph.outputs.items()}
     g.updates = {k: remap[i] for k, i in graph.updates.items()}
     g, counts["dead"] = _sweep(g)
+    _copy_updated_outputs(g, counts)
     return g.validate(), Report("simplify", {"nodes_before": len(graph.nodes),
                                              "nodes_after": len(g.nodes), **counts})
 
@@ -92,6 +99,19 @@ def _sweep(g):
                      (g.outputs, out.outputs), (g.updates, out.updates)):
         dst.update({k: new[i] for k, i in src.items()})
     return out, len(g.nodes) - len(out.nodes)
+
+
+def _copy_updated_outputs(g, counts):
+    """Point every output whose buffer is an updated param's at a copy of its value."""
+    updated = {g.params[k] for k, i in g.updates.items() if i != g.params[k]}
+    copies = {}
+    for name, i in g.outputs.items():
+        if base(g, i) in updated:
+            if i not in copies:
+                copies[i] = g._append("cast", (i,), {"dtype": g.nodes[i].type.dtype},
+                                      g.nodes[i].type).id
+                counts["output_copy"] += 1
+            g.outputs[name] = copies[i]
 
 
 # ---- rules: (node, operand nodes, uses) -> None | existing id | (op, inputs, attrs) ---------

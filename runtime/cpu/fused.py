@@ -125,8 +125,10 @@ def elementwise(g, kernel, inlined, b=None, preloaded=None, slot_of=None, spill=
     """Elementwise kernel: shape-() members once, then one loop nest per domain (shape), in
     order; a flat domain of a parallel kernel with enough work is a prange of its own.
     `b`/`preloaded`: a builder that already holds some values as arrays (node id -> array
-    param; the GEMM result). `spill`: outputs stored into scratch space instead of a buffer of
-    their own (node id -> the Workspace for a view shape; a GEMM prologue's operand)."""
+    param; the GEMM result). `spill`: values kept in scratch space instead of a buffer of
+    their own (node id -> the Workspace for a view shape; a GEMM prologue's values that the
+    GEMM or its epilogue reads): stored there by the members computing them, loaded from
+    there by the others."""
     b = b or Builder(g, inlined, slot_of)
     outs = set(kernel.outputs)
     scal = [m for m in kernel.nodes if g.nodes[m].type.shape == ()]
@@ -165,8 +167,9 @@ def _segment(b, domain, members, outs, preloaded, spill):
     for i, f in zip(ext, full):
         level = max([ax + 1 for ax in range(k) if f[ax]], default=0)
         sub = ", ".join(idx[ax] if f[ax] else "0" for ax in range(k))
+        view = tuple(d if f[ax] else 1 for ax, d in enumerate(shape))
         src = preloaded[i] if i in preloaded else \
-            b.arg((i, tuple(d if f[ax] else 1 for ax, d in enumerate(shape))))
+            b.arg(spill[i](view), "w") if i in spill else b.arg((i, view))
         levels.setdefault(level, []).append(f"{b.local(i, 'x')} = {src}[{sub}]")
         b.vals[i] = b.local(i, "x")
     at = ", ".join(idx)
@@ -214,17 +217,19 @@ def _feeding(g, nid, members) -> set:
 
 
 def gemm(g, kernel, inlined, slot_of) -> Call:
-    """A prologue (the members the GEMM reads) computes operands into scratch space (or their
-    own buffers when read outside too); the GEMM writes into a carrier buffer (the product's
-    own output buffer when it shares no bytes with an operand, else scratch space after the
-    operands'), then the epilogue runs over it while it is hot."""
+    """A prologue (the members the GEMM reads) computes operands, and the values the epilogue
+    reads, into scratch space (or their own buffers when read outside too); the GEMM writes
+    into a carrier buffer (the product's own output buffer when it shares no bytes with an
+    operand, else scratch space after the prologue's), then the epilogue runs over it while
+    it is hot."""
     n = g.nodes[kernel.anchor]
     w, xv, (rows, ncols) = matmul_operands(g, n)
     ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
     pro = _feeding(g, n.id, kernel.nodes)
+    epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro)
     b = Builder(g, inlined, slot_of)
-    scratch, at = {}, 0            # operand computed by the prologue -> its scratch offset
-    for i in dict.fromkeys(n.inputs):
+    scratch, at = {}, 0            # prologue value read after the prologue -> scratch offset
+    for i in dict.fromkeys(i for m in (n.id, *epi) for i in g.nodes[m].inputs):
         if i in pro and i not in kernel.outputs:
             scratch[i] = at
             at += -(-g.nodes[i].type.nbytes // 64) * 64
@@ -232,18 +237,17 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     def spilled(i, shp):
         t = g.nodes[i].type
         return Workspace(t.size, t.dtype, shp, scratch[i])
+    spill = {i: (lambda shp, i=i: spilled(i, shp)) for i in scratch}
     if pro:
         ordered = tuple(m for m in kernel.nodes if m in pro)
         elementwise(g, type(kernel)(kernel.id, ordered, "elementwise", tuple(
-            m for m in ordered if m in kernel.outputs or m in scratch)), inlined, b,
-            spill={i: (lambda shp, i=i: spilled(i, shp)) for i in scratch})
+            m for m in ordered if m in kernel.outputs or m in scratch)), inlined, b, spill=spill)
         b.vals = {c: v for c, v in b.vals.items() if c in inlined}   # its loop-local names
     # The product goes into its own output buffer when it is one, else into scratch space: the
     # epilogue then reads one buffer and writes others. Writing it into an epilogue output and
     # updating that in place was no faster (MLP step at batch 1000: +0.05 ms).
     carrier = n.id if n.id in kernel.outputs and \
         not any(_overlap(slot_of(n.id), s) for s in ins) else None
-    epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro)
     outs = tuple(m for m in kernel.outputs if (m != n.id or carrier != n.id) and m not in pro)
     shape, _ = collapse(n.type.shape, [g.nodes[i].type.shape for i in externals(g, epi, b.vals)
                                        if i != n.id])
@@ -260,7 +264,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
                 f"{xa}, {wa}, 0.0, {ca})"]
     cflat = ca if shape == (rows, ncols) else b.arg(view(shape), "c")
     call = elementwise(g, type(kernel)(kernel.id, epi, "elementwise", outs), inlined, b,
-                       {n.id: cflat})
+                       {n.id: cflat}, spill=spill)
     call.imports = (f"from jitgraph.runtime.cpu.blas import gemm_{n.type.dtype}",)
     return call
 

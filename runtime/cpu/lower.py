@@ -100,7 +100,10 @@ def collapse(out_shape, in_shapes):
 def reduce_pattern(shape, axes, in_shapes=()):
     """Collapse to alternating kept ('K') / reduced ('R') axes; size-1 axes dropped. Adjacent
     axes also stay apart where an operand of a fused prologue (`in_shapes`, broadcasting into
-    `shape`) is full on one and broadcast on the other. Returns (pats, full flags per operand)."""
+    `shape`) is full on one and broadcast on the other. There is always a reduced axis: when
+    nothing is reduced (no axes, or only size-1 ones) a trailing 'R' of size 1 stands for it,
+    so every output element reduces one element and one loop nest serves every case.
+    Returns (pats, full flags per operand)."""
     nd = len(shape)
     pats = []   # (size, kind, flags)
     for ax, d in enumerate(shape):
@@ -112,7 +115,8 @@ def reduce_pattern(shape, axes, in_shapes=()):
             pats[-1] = (pats[-1][0] * d, kind, flags)
         else:
             pats.append((d, kind, flags))
-    pats = pats or [(1, "K", tuple(True for _ in in_shapes))]
+    if all(kind != "R" for _, kind, _ in pats):
+        pats.append((1, "R", tuple(True for _ in in_shapes)))
     return [(d, k) for d, k, _ in pats], [tuple(p[2][j] for p in pats)
                                           for j in range(len(in_shapes))]
 
@@ -131,9 +135,6 @@ def reduction(graph, n, pats=None, element=plain_element, args=None):
     if n.op == "count_equal":
         return [_count_equal(graph, n)]
     axes = (a["axis"],) if n.op == "argmax" else a["axes"]
-    if not axes:
-        # nothing reduced: the value is its operand (the references copy it)
-        return elementwise_copy(n, x)
     pats = pats or reduce_pattern(x.type.shape, axes)[0]
     xshape = tuple(d for d, _ in pats)
     kept = [ax for ax, (_, kd) in enumerate(pats) if kd == "K"]
@@ -141,8 +142,6 @@ def reduction(graph, n, pats=None, element=plain_element, args=None):
     oshape = tuple(pats[ax][0] for ax in kept) or (1,)
     cost = 2 if n.op == "logsumexp" else 1
     par = x.type.size * cost >= PARALLEL_MIN_WORK and bool(kept) and kept[0] == 0 and xshape[0] > 1
-    if not red and args is None:   # every reduced axis had size 1
-        return fill(n, 0) if n.op == "argmax" else elementwise_copy(n, x)
     memory_order = pats[-1][1] == "K" and n.op in ("sum", "mean", "max")
     lines = (_reduce_memory_order if memory_order else _reduce_rows)(n, xshape, kept, red, par,
                                                                    element)
@@ -156,17 +155,6 @@ def reduction(graph, n, pats=None, element=plain_element, args=None):
     names, vals = args
     return [Call("KERNEL", vals + [(n.id, oshape)], _kernel(names + ["out"], head + lines), par,
                  fastmath=fast)]
-
-
-def fill(n, value):
-    lines = ["for i in range(out.shape[0]):", f"    out[i] = {value}"]
-    return [Call("KERNEL", [(n.id, (max(n.type.size, 1),))], _kernel(["out"], lines))]
-
-
-def elementwise_copy(n, x):
-    shape = (max(n.type.size, 1),)
-    lines = ["for i in range(out.shape[0]):", "    out[i] = x[i]"]
-    return [Call("KERNEL", [(x.id, shape), (n.id, shape)], _kernel(["x", "out"], lines))]
 
 
 def _loops(axes, par, depth):
