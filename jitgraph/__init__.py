@@ -9,6 +9,7 @@ from .ops import *  # noqa: F401,F403
 from .ops import (  # noqa: F401  (names `import *` would skip or shadow)
     sum, max, abs, pow, slice)
 from .serialize import GraphFormatError  # noqa: F401
+from .errors import DataFormatError, ModelFormatError  # noqa: F401
 
 __version__ = "0.1.0"
 

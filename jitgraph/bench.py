@@ -273,41 +273,67 @@ def describe_environment(env) -> str:
 
 
 def write_json(path, results: dict) -> None:
-    """Write {"environment": ..., **results} atomically (a temp file renamed over `path`)."""
+    """Write {"environment": ..., **results} atomically (a temp file renamed over `path`). The
+    temp file is removed on every exit (exceptions, Ctrl-C, SIGTERM turned into an exception by
+    the CLI); errors name `path`."""
     path = Path(path)
     data = {"environment": environment(), **results}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        tmp = None
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise type(e)(e.errno, e.strerror, str(path)) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="jitgraph bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (atomically)")
+    from jitgraph.cli import _HelpFormatter, _int_at_least
+    names = ", ".join(load_workloads().WORKLOADS)
+    p = argparse.ArgumentParser(
+        prog="jitgraph bench", formatter_class=_HelpFormatter,
+        description="Time compiled training steps fused against unfused on each workload, or "
+                    "(--checkpoint-curve) peak memory and step time under each activation "
+                    "checkpointing policy. Every workload is compiled once per configuration; "
+                    "the median of the timed steps is reported.",
+        epilog="exit status: 0 success, 1 a workload failed, 2 a usage error, 130 Ctrl-C, "
+               "143 SIGTERM")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write the results as JSON (atomically); default: not written")
     p.add_argument("--quick", action="store_true",
-                   help=f"smoke run: sizes x{QUICK_SCALE}, 3 repeats (not the issue's figures)")
+                   help=f"smoke run: every size x{QUICK_SCALE}, 3 repeats (not the reference "
+                        f"figures)")
     p.add_argument("--only", nargs="+", action="extend", metavar="NAME",
-                   help="run only these workloads")
-    p.add_argument("--repeat", type=int, metavar="N",
-                   help="timed steps per configuration (default 10; 3 with --quick)")
+                   help=f"run only these workloads (of {names}); default: the whole suite")
+    p.add_argument("--repeat", type=_int_at_least(1), metavar="N",
+                   help="timed steps per configuration; default: 10, 3 with --quick")
     p.add_argument("--checkpoint-curve", action="store_true",
-                   help="run the checkpointing curve (issue 8) instead of fused vs unfused")
+                   help="measure the checkpointing curve instead of fused against unfused")
     args = p.parse_args(argv)
     known = load_workloads().WORKLOADS
     unknown = [n for n in args.only or () if n not in known]
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(known)}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        p.error(f"--json {args.json}: the directory does not exist")
-    if args.repeat is not None and args.repeat < 1:
-        p.error("--repeat must be >= 1")
+    if args.json:
+        from .gguf_io import check_writable
+        try:
+            check_writable(args.json, "--json")
+        except OSError as e:
+            p.error(str(e))
     run = checkpoint_curve if args.checkpoint_curve else run_suite
     rows = run(args.only, args.repeat, args.json, args.quick)
     print(describe_environment(environment()))

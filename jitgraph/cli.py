@@ -1,19 +1,102 @@
-"""The jitgraph command line: train, eval, dump, bench."""
+"""The jitgraph command line: train, eval, dump, bench.
+
+Exit status: 0 success, 1 a benchmark failed, 2 a usage or input error (one line naming the
+option or file), 130 interrupted by Ctrl-C, 143 terminated by SIGTERM. Every option and output
+path is checked before anything is compiled or trained.
+"""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
+import signal
 import sys
 import time
+import warnings
 
 from jitgraph.passes.pipeline import IR_STAGES as STAGES   # the IRs `dump --stage` can print
+
+EXIT_ERROR, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 130, 143
+# training options a checkpoint records: `--resume` continues with these, not the command line's
+RESUMED = ("batch_size", "logical_batch", "lr", "val_split", "seed", "data", "n_train",
+           "no_fuse", "no_plan")
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread by the CLI's handler (so `finally` blocks run: an
+    atomic write removes its temporary file)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+# ---- option types: each error names the value and what is allowed (argparse adds the flag) ----
+def _int_at_least(lo):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
+def _float_in(lo, hi=math.inf, lo_open=False, hi_open=True, what=None):
+    what = what or (f"a number > {lo}" if lo_open and hi == math.inf else
+                    f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}")
+
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        bad = (not math.isfinite(v) or v < lo or (lo_open and v == lo) or v > hi
+               or (hi_open and v == hi))
+        if bad:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return v
+    parse.__name__ = what
+    return parse
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to every option's help that has a default and does not say it."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        d = action.default
+        if "default" not in h and action.option_strings and \
+                not (d is None or d is False or d is argparse.SUPPRESS):
+            h += " (default: %(default)s)"
+        return h
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _data_kind(args):
+    return "mnist" if args.data else "synthetic"
+
+
+def _describe_data(args, train_ds, test_ds):
+    sizes = ", ".join(f"{len(d)} {k}" for k, d in (("training", train_ds), ("test", test_ds))
+                      if d is not None)
+    if args.data:
+        return f"data: MNIST from {args.data} ({sizes} samples)"
+    return f"data: built-in synthetic digits, seed {args.seed} ({sizes} samples; --data DIR " \
+           f"for real MNIST)"
 
 
 def _load_data(args, need_train=True):
     """(train, test) data sets: real MNIST from --data, else the built-in synthetic digits."""
     from . import data
     if args.data:
+        if not os.path.isdir(args.data):
+            raise FileNotFoundError(f"--data {args.data}: no such directory")
         train = data.load_mnist(args.data, "train") if need_train else None
         return train, data.load_mnist(args.data, "test")
     train = data.synthetic_digits(args.n_train, seed=args.seed) if need_train else None
@@ -29,29 +112,156 @@ def _say(args, *msg):
         print(*msg, flush=True)
 
 
+def _warn(args, msg):
+    print(f"jitgraph {args.cmd}: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _check_model_file(path, what):
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} {path}: is a directory, not a model file")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{what} {path}: no such file")
+
+
+@contextlib.contextmanager
+def _compile_progress(args, what):
+    """A progress bar of kernels compiled / total while `what` compiles: on a terminal only
+    (stderr a tty) and not with --quiet; it shows after half a second, so loading cached
+    kernels prints nothing."""
+    if args.quiet or not sys.stderr.isatty():
+        yield
+        return
+    from tqdm import tqdm
+    from .runtime import cache
+    bar = None
+
+    def report(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=f"compiling {what}", unit="kernel", file=sys.stderr,
+                       leave=False, delay=0.5, dynamic_ncols=True)
+        elif done == 0:
+            bar.reset(total)
+        bar.update(done - bar.n)
+
+    old = cache.set_progress(report)
+    try:
+        yield
+    finally:
+        cache.set_progress(old)
+        if bar is not None:
+            bar.close()
+
+
+class _Run:
+    """What an interrupt message reports: the last checkpoint this run wrote."""
+    checkpoint = None
+    epoch = None
+
+
+# ---- commands ----------------------------------------------------------------------------------
+def _given(parser, argv):
+    """Dests of the options given on the command line `argv` (parsed again, defaults hidden)."""
+    saved = [(a, a.default) for a in parser._actions]
+    try:
+        for a, _ in saved:
+            a.default = argparse.SUPPRESS
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for a, d in saved:
+            a.default = d
+
+
+def _flag(dest, value):
+    flag = "--" + dest.replace("_", "-")
+    return flag if isinstance(value, bool) else f"{flag} {value}"
+
+
+def _shown(v):
+    return "none" if v is None else "off" if v is False else "on" if v is True else v
+
+
+# what a training checkpoint's meta holds (written by `_train`), and its JSON types
+_META = {"args": dict, "epoch": int, "calls": int, "rng": dict, "order": list}
+
+
+def _check_meta(path, meta):
+    """A checkpoint whose meta lacks a field or holds the wrong kind is a ModelFormatError."""
+    from jitgraph.errors import ModelFormatError
+    for k, kind in _META.items():
+        v = meta.get(k)
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise ModelFormatError(f"{path}: checkpoint meta field {k!r} is missing or not a "
+                                   f"{kind.__name__} (got {type(v).__name__})")
+    if meta["epoch"] < 0 or meta["calls"] < 0:
+        raise ModelFormatError(f"{path}: checkpoint meta has a negative epoch or step count")
+
+
 def _train(args):
     import numpy as np
     from . import compile as jg_compile, optim
-    from .gguf_io import load_checkpoint, save_checkpoint, save_model
+    from .gguf_io import check_writable, load_checkpoint, save_checkpoint, save_model
     from .models import MODELS
-    from .train import Trainer, evaluate
+    from .train import Trainer, evaluate, train_samples
 
+    # everything that can fail is checked before anything compiles or trains
+    if args.out and args.checkpoint and \
+            os.path.abspath(args.out) == os.path.abspath(args.checkpoint):
+        raise ValueError(f"--out and --checkpoint name the same file {args.out}; the final model "
+                         f"would overwrite the checkpoint")
+    for flag, path in (("--out", args.out), ("--checkpoint", args.checkpoint)):
+        if path:
+            check_writable(path, flag)
     meta = None
     if args.resume:
+        _check_model_file(args.resume, "--resume")
         arch, params, state, meta = load_checkpoint(args.resume)
+        _check_meta(args.resume, meta)
         if arch != args.model:
-            raise SystemExit(f"error: {args.resume} holds a {arch} checkpoint, not {args.model}")
-        for k in ("batch_size", "logical_batch", "lr", "val_split", "seed", "data", "n_train"):
-            setattr(args, k, meta["args"][k])
+            raise ValueError(f"--resume {args.resume}: holds a {arch} checkpoint, not "
+                             f"{args.model}")
+        saved = {k: meta["args"].get(k, False if k.startswith("no_") else None) for k in RESUMED}
+        ignored = [f"{_flag(k, getattr(args, k))} (checkpoint: {_shown(saved[k])})"
+                   for k in RESUMED if k in args.given and getattr(args, k) != saved[k]]
+        if ignored:
+            _warn(args, f"--resume {args.resume} continues with the checkpoint's training "
+                        f"options (a bit-exact resume needs them); ignored "
+                        f"{', '.join(ignored)}")
+        for k, v in saved.items():
+            setattr(args, k, v)
+        _Run.checkpoint, _Run.epoch = args.resume, meta["epoch"]   # until a newer one is saved
+    elif args.logical_batch is not None and (args.logical_batch < args.batch_size or
+                                             args.logical_batch % args.batch_size):
+        args.parser.error(f"argument --logical-batch: must be a multiple of --batch-size "
+                          f"{args.batch_size} (gradient accumulation over whole batches), got "
+                          f"{args.logical_batch}")
     train_ds, test_ds = _load_data(args)
+    _say(args, _describe_data(args, train_ds, test_ds))
+    lb = args.logical_batch or args.batch_size
+    if len(train_ds) < lb:
+        what = f"--logical-batch {lb}" if args.logical_batch else f"--batch-size {lb}"
+        raise ValueError(f"{what}: larger than the {len(train_ds)} training samples"
+                         f"{'' if args.data else ' (--n-train)'}")
+    try:
+        train_samples(len(train_ds), args.batch_size, lb, args.val_split)
+    except ValueError:
+        raise ValueError(f"--val-split {args.val_split} leaves no training batch: "
+                         f"{len(train_ds)} samples make {len(train_ds) // lb} batch(es) of {lb}") \
+            from None
+    if meta is not None and meta["epoch"] >= args.epochs:
+        _warn(args, f"--resume {args.resume} is at epoch {meta['epoch']}, --epochs is "
+                    f"{args.epochs}: nothing left to train")
+
     graph = MODELS[args.model](args.batch_size)
-    acc = (args.logical_batch or args.batch_size) // args.batch_size
+    acc = lb // args.batch_size
     opt = optim.AdamW(lr=args.lr, accumulate=acc)
     t0 = time.perf_counter()
-    prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
-                      plan_memory=not args.no_plan, seed=args.seed)
-    trainer = Trainer(prog, train_ds, batch_size=args.batch_size,
-                      logical_batch=args.logical_batch, val_split=args.val_split, seed=args.seed)
+    with _compile_progress(args, args.model):
+        prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
+                          plan_memory=not args.no_plan, seed=args.seed)
+        trainer = Trainer(prog, train_ds, batch_size=args.batch_size,
+                          logical_batch=args.logical_batch, val_split=args.val_split,
+                          seed=args.seed)
     compile_s = time.perf_counter() - t0      # training program and its evaluator
     if meta is not None:
         for k, v in params.items():
@@ -61,9 +271,10 @@ def _train(args):
         prog.calls, trainer.epoch = meta["calls"], meta["epoch"]
         trainer.rng.bit_generator.state = meta["rng"]
         trainer.order = np.asarray(meta["order"], dtype=np.int64)
-    _say(args, f"{args.model}: {len(train_ds)} training samples "
-               f"({'MNIST from ' + args.data if args.data else 'built-in synthetic digits'}), "
-               f"batch {args.batch_size}, compiled in {compile_s:.2f} s")
+    _say(args, f"{args.model}: batch {args.batch_size}"
+               f"{f', logical batch {lb}' if lb != args.batch_size else ''}, "
+               f"{trainer.n_train} samples train and {len(train_ds) - trainer.n_train} validate "
+               f"each epoch; compiled in {compile_s:.2f} s")
     progress = None if not args.quiet else False
     epoch_seconds, last = [], None
     while trainer.epoch < args.epochs:
@@ -72,18 +283,17 @@ def _train(args):
         _say(args, f"epoch {last.epoch}/{args.epochs}: train {last.train}  val {last.val}  "
                    f"({last.seconds:.2f} s)")
         if args.checkpoint:
-            meta_out = {"args": {k: getattr(args, k) for k in ("batch_size", "logical_batch", "lr",
-                                                               "val_split", "seed", "data",
-                                                               "n_train")},
+            meta_out = {"args": {k: getattr(args, k) for k in RESUMED},
                         "calls": prog.calls, "epoch": trainer.epoch,
                         "rng": trainer.rng.bit_generator.state,
                         "order": trainer.order.tolist()}
             save_checkpoint(args.checkpoint, args.model, dict(prog.params), dict(prog.state),
-                            meta_out)
+                            meta_out, data=_data_kind(args))
+            _Run.checkpoint, _Run.epoch = args.checkpoint, trainer.epoch
     test = evaluate(trainer.evaluator, test_ds, args.batch_size, progress)
-    _say(args, f"test: {test}")
+    _say(args, f"test ({test.ndata} samples): {test}")
     if args.out:
-        save_model(args.out, args.model, dict(prog.params))
+        save_model(args.out, args.model, dict(prog.params), data=_data_kind(args))
         _say(args, f"saved {args.out}")
     if args.json:
         n_train = trainer.n_train * len(epoch_seconds)
@@ -93,26 +303,42 @@ def _train(args):
             "val_acc": _finite(last.val.accuracy()[0]) if last else None,
             "epochs": trainer.epoch, "epoch_seconds": epoch_seconds,
             "compile_seconds": compile_s,
-            "samples_per_second": n_train / sum(epoch_seconds) if epoch_seconds else None}))
+            "samples_per_second": n_train / sum(epoch_seconds) if epoch_seconds else None,
+            "data": _data_kind(args), "n_test": test.ndata}))
     return 0
 
 
 def _eval(args):
     from . import compile as jg_compile
-    from .gguf_io import load_model
+    from .gguf_io import load_model, trained_on
     from .models import MODELS
     from .train import evaluate
+    _check_model_file(args.model_file, "model")
     arch, params = load_model(args.model_file)
+    trained = trained_on(args.model_file)
+    if not args.data and trained not in (None, "synthetic"):
+        name = {"mnist": "MNIST"}.get(trained, trained)
+        raise ValueError(f"{args.model_file} was trained on {name} data; pass --data DIR "
+                         f"to evaluate it on that data set (without --data, eval uses the "
+                         f"built-in synthetic digits)")
+    if not args.data and trained is None:
+        _warn(args, f"{args.model_file} does not record its training data (a model not "
+                    f"written by `jitgraph train`); evaluating on the built-in synthetic "
+                    f"digits; pass --data DIR for MNIST")
     _, test_ds = _load_data(args, need_train=False)
-    prog = jg_compile(MODELS[arch](args.batch_size))
+    _say(args, _describe_data(args, None, test_ds))
+    batch = min(args.batch_size, len(test_ds))   # a larger batch would only be padding
+    with _compile_progress(args, arch):
+        prog = jg_compile(MODELS[arch](batch))
     for k, v in params.items():
         prog.params[k] = v
-    res = evaluate(prog, test_ds, args.batch_size, None if not args.quiet else False)
-    _say(args, f"{arch} {args.model_file}: {res}")
+    res = evaluate(prog, test_ds, batch, None if not args.quiet else False)
+    _say(args, f"{arch} {args.model_file} ({res.ndata} test samples): {res}")
     if args.json:
         (l, lu), (a, au) = res.loss(), res.accuracy()
         print(json.dumps({"test_acc": _finite(a), "test_acc_unc": _finite(au),
-                          "test_loss": _finite(l), "test_loss_unc": _finite(lu), "n": res.ndata}))
+                          "test_loss": _finite(l), "test_loss_unc": _finite(lu), "n": res.ndata,
+                          "data": _data_kind(args)}))
     return 0
 
 
@@ -123,72 +349,154 @@ def _dump(args):
     if args.stage == "graph":
         print(graph)
         return 0
-    prog = jg_compile(graph, loss="loss", optimizer=optim.AdamW(lr=1e-3),
-                      fuse=not args.no_fuse, plan_memory=not args.no_plan)
+    with _compile_progress(args, args.model):
+        prog = jg_compile(graph, loss="loss", optimizer=optim.AdamW(lr=1e-3),
+                          fuse=not args.no_fuse, plan_memory=not args.no_plan,
+                          check_finite=args.stage == "guard")   # the stage check_finite adds
     print(prog.ir(args.stage))
     return 0
 
 
+# ---- the parser --------------------------------------------------------------------------------
 def _common_data(p):
-    p.add_argument("--data", metavar="DIR", help="real MNIST IDX files (.gz or raw); default: "
-                                                 "the built-in synthetic digits")
-    p.add_argument("--n-train", type=int, default=12000,
-                   help="built-in data: training samples (default 12000)")
-    p.add_argument("--n-test", type=int, default=2000,
-                   help="built-in data: test samples (default 2000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", metavar="DIR", help="directory of the MNIST IDX files (.gz or raw); "
+                                                 "default: the built-in synthetic digits")
+    p.add_argument("--n-train", type=_int_at_least(1), default=12000, metavar="N",
+                   help="built-in data: training samples")
+    p.add_argument("--n-test", type=_int_at_least(1), default=2000, metavar="N",
+                   help="built-in data: test samples")
+    p.add_argument("--seed", type=_int_at_least(0), default=0, metavar="S",
+                   help="seed of the initial weights, the data order and the built-in data")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars, no per-epoch or summary lines")
+
+
+def parser():
+    from .models import MODELS
+    models = sorted(MODELS)
+    p = argparse.ArgumentParser(
+        prog="jitgraph", formatter_class=_HelpFormatter,
+        description="A JIT compiler for neural-network training graphs: train and evaluate "
+                    "the MNIST models with compiled kernels.",
+        epilog="exit status: 0 success, 1 a benchmark failed, 2 a usage or input error, "
+               "130 Ctrl-C, 143 SIGTERM")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def command(name, help):
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                              formatter_class=_HelpFormatter, allow_abbrev=False,
+                              epilog=p.epilog)
+
+    t = command("train", "train an MNIST model with compiled kernels")
+    t.add_argument("model", choices=models, help=f"the model: {', '.join(models)}")
+    _common_data(t)
+    t.add_argument("--epochs", type=_int_at_least(1), default=2, metavar="N",
+                   help="epochs in all (with --resume: counting the checkpoint's)")
+    t.add_argument("--batch-size", type=_int_at_least(1), default=100, metavar="B",
+                   help="samples per compiled step")
+    t.add_argument("--logical-batch", type=_int_at_least(1), default=None, metavar="L",
+                   help="samples per optimizer step, a multiple of --batch-size (gradient "
+                        "accumulation); default: the batch size")
+    t.add_argument("--lr", type=_float_in(0, lo_open=True), default=1e-3,
+                   help="AdamW learning rate")
+    t.add_argument("--val-split", type=_float_in(0, 1), default=0.05, metavar="F",
+                   help="fraction of the training data held out to validate after each epoch")
+    t.add_argument("--out", metavar="MODEL.gguf",
+                   help="save the trained model as GGUF (ggml's MNIST layout); default: not saved")
+    t.add_argument("--checkpoint", metavar="CKPT.gguf",
+                   help="save a training checkpoint after every epoch; default: none")
+    t.add_argument("--resume", metavar="CKPT.gguf",
+                   help="continue a checkpointed run bit for bit, with the checkpoint's training "
+                        "options (batch sizes, --lr, --val-split, --seed, data); default: start "
+                        "afresh")
+    t.add_argument("--no-fuse", action="store_true",
+                   help="compile without kernel fusion (slower; for comparison)")
+    t.add_argument("--no-plan", action="store_true",
+                   help="one buffer per value, no memory planning (for comparison)")
+    t.set_defaults(fn=_train, parser=t)
+
+    e = command("eval", "evaluate a GGUF model on the test set")
+    e.add_argument("model_file", metavar="MODEL.gguf",
+                   help="a model or checkpoint written by `jitgraph train` or by ggml's MNIST "
+                        "example")
+    _common_data(e)
+    e.add_argument("--batch-size", type=_int_at_least(1), default=100, metavar="B",
+                   help="samples per compiled step (every test sample is evaluated)")
+    e.set_defaults(fn=_eval, parser=e)
+
+    d = command("dump", "print a model's IR after a compiler stage")
+    d.add_argument("model", choices=models, help=f"the model: {', '.join(models)}")
+    d.add_argument("--stage", choices=STAGES, default="kernels",
+                   help=f"the stage: {', '.join(STAGES)}")
+    d.add_argument("--batch-size", type=_int_at_least(1), default=100, metavar="B",
+                   help="samples per step")
+    d.add_argument("--no-fuse", action="store_true", help="compile without kernel fusion")
+    d.add_argument("--no-plan", action="store_true", help="one buffer per value")
+    d.add_argument("--quiet", action="store_true", help="no compile progress bar")
+    d.set_defaults(fn=_dump, parser=d)
+
+    sub.add_parser("bench", help="fused against unfused benchmark suite (see `jitgraph bench "
+                                 "--help`)", add_help=False)
+    return p
+
+
+def _interrupted(cmd, how, code):
+    where = (f"; last checkpoint: {_Run.checkpoint} (epoch {_Run.epoch}), continue with "
+             f"--resume {_Run.checkpoint}" if _Run.checkpoint else "")
+    start = "\n" if sys.stderr.isatty() else ""       # off the line of a progress bar or ^C
+    print(f"{start}jitgraph {cmd}: {how}{where}", file=sys.stderr, flush=True)
+    return code
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"jitgraph: warning: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
-    from .models import MODELS
-    p = argparse.ArgumentParser(prog="jitgraph", description="A JIT compiler for training graphs.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    t = sub.add_parser("train", help="train an MNIST model with compiled kernels")
-    t.add_argument("model", choices=sorted(MODELS))
-    _common_data(t)
-    t.add_argument("--epochs", type=int, default=2)
-    t.add_argument("--batch-size", type=int, default=100)
-    t.add_argument("--logical-batch", type=int, default=None,
-                   help="optimizer batch; a multiple of --batch-size (gradient accumulation)")
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--val-split", type=float, default=0.05)
-    t.add_argument("--out", metavar="MODEL.gguf", help="save the trained model (ggml layout)")
-    t.add_argument("--checkpoint", metavar="CKPT.gguf",
-                   help="save a training checkpoint after every epoch")
-    t.add_argument("--resume", metavar="CKPT.gguf", help="continue a checkpointed run")
-    t.add_argument("--no-fuse", action="store_true", help="compile without the fusion pass")
-    t.add_argument("--no-plan", action="store_true", help="one buffer per value (no planning)")
-    t.set_defaults(fn=_train)
-
-    e = sub.add_parser("eval", help="evaluate a GGUF model on the test set")
-    e.add_argument("model_file", metavar="MODEL.gguf")
-    _common_data(e)
-    e.add_argument("--batch-size", type=int, default=100)
-    e.set_defaults(fn=_eval)
-
-    d = sub.add_parser("dump", help="print a model's IR after a compiler stage")
-    d.add_argument("model", choices=sorted(MODELS))
-    d.add_argument("--stage", choices=STAGES, default="kernels")
-    d.add_argument("--batch-size", type=int, default=100)
-    d.add_argument("--no-fuse", action="store_true")
-    d.add_argument("--no-plan", action="store_true")
-    d.set_defaults(fn=_dump)
-
-    sub.add_parser("bench", help="fused vs unfused benchmark suite (`jitgraph bench --help`)")
-
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:           # the suite parses its own options
-        from .bench import main as bench_main
-        return bench_main(argv[1:])
-    args = p.parse_args(argv)
+    cmd = argv[0] if argv and not argv[0].startswith("-") else "jitgraph"
+    _Run.checkpoint = _Run.epoch = None
+    old_handler = None
+    with contextlib.suppress(ValueError):       # (only the main thread can set handlers)
+        old_handler = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"jitgraph {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            if argv[:1] == ["bench"]:           # the suite parses its own options
+                from .bench import main as bench_main
+                return bench_main(argv[1:])
+            p = parser()
+            args = p.parse_args(argv)
+            if args.cmd == "train" and args.resume:
+                args.given = _given(args.parser, argv[1:])
+            try:
+                return args.fn(args)
+            except BrokenPipeError:             # `jitgraph dump ... | head`: not an error
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            except (ValueError, OSError) as e:
+                print(f"jitgraph {args.cmd}: error: {_message(e)}", file=sys.stderr)
+                return EXIT_ERROR
+            except MemoryError:
+                print(f"jitgraph {args.cmd}: error: out of memory (try fewer samples or a "
+                      f"smaller --batch-size)", file=sys.stderr)
+                return EXIT_ERROR
+    except KeyboardInterrupt:
+        return _interrupted(cmd, "interrupted (Ctrl-C)", EXIT_INTERRUPT)
+    except Terminated:
+        return _interrupted(cmd, "terminated (SIGTERM)", EXIT_TERMINATED)
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+
+
+def _message(e) -> str:
+    """An error in the user's terms: OSErrors as `path: reason`."""
+    if isinstance(e, OSError) and e.strerror and e.filename:
+        return f"{e.filename}: {e.strerror}"
+    return str(e)
 
 
 if __name__ == "__main__":

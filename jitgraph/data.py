@@ -9,6 +9,8 @@ import zlib
 
 import numpy as np
 
+from .errors import DataFormatError
+
 
 class Dataset:
     """Samples `x[i]` with labels `y[i]` (both along axis 0).
@@ -68,6 +70,7 @@ class Dataset:
 # ---- MNIST IDX files ---------------------------------------------------------------------------
 _IDX = {"images": (2051, 3, "idx3"), "labels": (2049, 1, "idx1")}
 _PREFIX = {"train": "train", "test": "t10k"}
+_DEFLATE_MAX_RATIO = 1032     # deflate never expands more: 258 bytes from a 2-bit code
 
 
 def _find(directory, split, kind):
@@ -78,31 +81,64 @@ def _find(directory, split, kind):
     raise FileNotFoundError(f"MNIST {split} {kind} not found: expected {base} or {base}.gz")
 
 
+def _fail(path, msg):
+    raise DataFormatError(f"{path}: {msg}")
+
+
+def _read_upto(f, n):
+    """At most n bytes from a (gzip) stream, read in chunks so that memory grows with the data
+    that is really there, not with what a header declares."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = f.read(min(n - got, 1 << 22))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 def read_idx(path, kind: str) -> np.ndarray:
     """One IDX file ("images": u8 [n, rows, cols], magic 2051; "labels": u8 [n], magic 2049),
-    raw or gzip-compressed. Every error names the file."""
+    raw or gzip-compressed (by the .gz suffix). The header's counts are checked against the file's
+    length before anything is allocated (a raw file must hold exactly the declared bytes; a gzip
+    file must be big enough to hold them at deflate's best ratio, and is decompressed no further
+    than the declared size plus one byte). Missing or unreadable files raise OSError; anything
+    wrong inside one, jitgraph.DataFormatError (a ValueError) naming the file."""
     path, (magic, ndim, _) = os.fspath(path), _IDX[kind]
-    try:
-        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise
-    except (OSError, EOFError, zlib.error) as e:     # gzip: bad header, CRC, cut stream
-        raise ValueError(f"{path}: cannot read MNIST {kind} file ({e})") from None
     header = 4 + 4 * ndim
-    if len(data) < header:
-        raise ValueError(f"{path}: truncated header ({len(data)} bytes, expected {header})")
-    got = int.from_bytes(data[:4], "big")
-    if got != magic:
-        raise ValueError(f"{path}: bad magic number {got} (expected {magic} for MNIST {kind})")
-    dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    if kind == "images" and dims[1:] != (28, 28):
-        raise ValueError(f"{path}: images are {dims[1]}x{dims[2]}, expected 28x28")
-    size = header + math.prod(dims)
-    if len(data) != size:
-        raise ValueError(f"{path}: {len(data)} bytes, expected {size} for {dims[0]} {kind} "
-                         f"({'truncated' if len(data) < size else 'trailing data'})")
-    return np.frombuffer(data, np.uint8, offset=header).reshape(dims)
+    gz = path.endswith(".gz")
+    with open(path, "rb") as raw:
+        size = os.fstat(raw.fileno()).st_size
+        try:
+            f = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            head = _read_upto(f, header)
+            if len(head) < header:
+                _fail(path, f"truncated header ({len(head)} bytes, expected {header})")
+            got = int.from_bytes(head[:4], "big")
+            if got != magic:
+                _fail(path, f"bad magic number {got} (expected {magic} for MNIST {kind})")
+            dims = tuple(int.from_bytes(head[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+            if kind == "images" and dims[1:] != (28, 28):
+                _fail(path, f"images are {dims[1]}x{dims[2]}, expected 28x28")
+            body = math.prod(dims)
+            what = f"{dims[0]} {kind}"
+            if not gz and header + body != size:
+                _fail(path, f"{size} bytes, expected {header + body} for {what} "
+                            f"({'truncated' if size < header + body else 'trailing data'})")
+            if gz and header + body > _DEFLATE_MAX_RATIO * size:
+                _fail(path, f"the header declares {what} ({header + body} bytes), more than a "
+                            f"{size}-byte gzip file can hold; truncated or corrupt")
+            data = _read_upto(f, body)
+            if len(data) < body:
+                _fail(path, f"{header + len(data)} bytes, expected {header + body} for {what} "
+                            f"(truncated)")
+            if gz and f.read(1):          # at the end, this also checks the gzip CRC and length
+                _fail(path, f"more than the {header + body} bytes declared for {what} "
+                            f"(trailing data)")
+        except (OSError, EOFError, zlib.error) as e:     # gzip: bad header, CRC, cut stream
+            _fail(path, f"cannot read MNIST {kind} file ({type(e).__name__}: {e})")
+    return np.frombuffer(data, np.uint8).reshape(dims)
 
 
 def load_mnist(directory, split: str = "train") -> Dataset:
@@ -113,10 +149,10 @@ def load_mnist(directory, split: str = "train") -> Dataset:
     ipath, lpath = _find(directory, split, "images"), _find(directory, split, "labels")
     images, labels = read_idx(ipath, "images"), read_idx(lpath, "labels")
     if len(images) != len(labels):
-        raise ValueError(f"{ipath} holds {len(images)} images but {lpath} holds "
-                         f"{len(labels)} labels")
+        raise DataFormatError(f"{ipath} holds {len(images)} images but {lpath} holds "
+                              f"{len(labels)} labels")
     if labels.size and labels.max() > 9:
-        raise ValueError(f"{lpath}: label {labels.max()} out of range (expected 0..9)")
+        raise DataFormatError(f"{lpath}: label {labels.max()} out of range (expected 0..9)")
     x = images.reshape(len(images), -1).astype(np.float32) / np.float32(255)
     return Dataset(x, labels.astype(np.int32))
 

@@ -5,20 +5,26 @@ A model file has `general.architecture` (a key of jitgraph.models.MODELS) and on
 param under ggml's name and dimension order (the model's GGMLTensor table converts). A checkpoint is
 a model file plus the optimizer state as tensors `state.<name>` (jitgraph layout, any dtype gguf
 stores) and a JSON object under `jitgraph.checkpoint` (step counter, RNG state, ...), so
-load_model (and ggml) can read a checkpoint too. Writes are atomic; unreadable, truncated or
-mismatched files raise ValueError naming the file.
+load_model (and ggml) can read a checkpoint too. Writes are atomic. Loading checks every count and
+size in the header against the file's length before it allocates anything; a malformed, truncated
+or mismatched file raises jitgraph.ModelFormatError (a ValueError) naming the file.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
+import struct
 
 import gguf
 import numpy as np
 
+from .errors import ModelFormatError
+
 ARCH_KEY = "general.architecture"
 CHECKPOINT_KEY = "jitgraph.checkpoint"
+DATA_KEY = "jitgraph.data"          # what a model was trained on: "mnist", "synthetic"
 STATE_PREFIX = "state."
 _STATE_DTYPES = (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64)
 
@@ -30,9 +36,10 @@ def _spec(arch, path):
     return MODELS[arch]
 
 
-def save_model(path, arch: str, params: dict) -> None:
-    """Write `params` (jitgraph layout, by param name) as ggml's `arch` model."""
-    _write(path, arch, _spec(arch, path).to_ggml(params), {})
+def save_model(path, arch: str, params: dict, data: str | None = None) -> None:
+    """Write `params` (jitgraph layout, by param name) as ggml's `arch` model; `data` (e.g.
+    "mnist" or "synthetic") records what it was trained on, under DATA_KEY."""
+    _write(path, arch, _spec(arch, path).to_ggml(params), _data_strings(data))
 
 
 def load_model(path, arch: str | None = None) -> tuple[str, dict]:
@@ -42,9 +49,10 @@ def load_model(path, arch: str | None = None) -> tuple[str, dict]:
     return arch, params
 
 
-def save_checkpoint(path, arch: str, params: dict, state: dict, meta: dict) -> None:
+def save_checkpoint(path, arch: str, params: dict, state: dict, meta: dict,
+                    data: str | None = None) -> None:
     """Params (as save_model), optimizer `state` arrays (stored as they are) and a JSON-able `meta`
-    dict (e.g. {"step": 12, "rng": generator.bit_generator.state})."""
+    dict (e.g. {"step": 12, "rng": generator.bit_generator.state}); `data` as in save_model."""
     tensors = _spec(arch, path).to_ggml(params)
     for k, v in state.items():
         v = np.asarray(v)
@@ -52,14 +60,16 @@ def save_checkpoint(path, arch: str, params: dict, state: dict, meta: dict) -> N
             raise ValueError(f"{path}: state {k} has dtype {v.dtype}; GGUF stores "
                              f"{', '.join(np.dtype(t).name for t in _STATE_DTYPES)}")
         tensors[STATE_PREFIX + k] = v
-    _write(path, arch, tensors, {CHECKPOINT_KEY: json.dumps(meta, default=_numpy_scalar)})
+    _write(path, arch, tensors, {**_data_strings(data),
+                                 CHECKPOINT_KEY: json.dumps(meta, default=_numpy_scalar)})
 
 
 def load_checkpoint(path, arch: str | None = None) -> tuple[str, dict, dict, dict]:
     """(arch, params, state, meta) as given to save_checkpoint."""
     arch, params, state, meta = _load(path, arch)
     if meta is None:
-        raise ValueError(f"{path}: a model file, not a training checkpoint (no {CHECKPOINT_KEY})")
+        raise ModelFormatError(f"{path}: a model file, not a training checkpoint (no "
+                               f"{CHECKPOINT_KEY})")
     return arch, params, state, meta
 
 
@@ -71,12 +81,47 @@ def _numpy_scalar(o):
 
 
 # ---- files -------------------------------------------------------------------------------------
+def _data_strings(data):
+    return {} if data is None else {DATA_KEY: str(data)}
+
+
+def trained_on(path) -> str | None:
+    """The DATA_KEY string of a model or checkpoint file: what it was trained on ("mnist",
+    "synthetic"); None when the file records nothing (e.g. a model written by ggml)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        kv, _, _ = _header(f, path)
+    return _string(kv, DATA_KEY, path)
+
+
+def check_writable(path, what=None) -> None:
+    """Raise OSError naming `path` (and `what`, e.g. "--out") unless a file can be written at
+    `path`: its directory exists and is writable, and `path` is not a directory. Call it before
+    long work whose result goes to `path`."""
+    path = os.fspath(path)
+    label = f"{what} {path}" if what else path
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{label}: is a directory; give a file name")
+    if not os.path.exists(directory):
+        raise FileNotFoundError(f"{label}: directory {directory} does not exist")
+    if not os.path.isdir(directory):
+        raise NotADirectoryError(f"{label}: {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(f"{label}: directory {directory} is not writable")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise FileExistsError(f"{label}: exists and is not a regular file")
+
+
 def _write(path, arch, tensors, strings):
     """GGUF to a temporary file next to `path`, fsync, then rename over `path`: readers see the old
-    file or the new one, never a partial one."""
+    file or the new one, never a partial one. The temporary file is removed on every exit,
+    exceptions included (KeyboardInterrupt, and SIGTERM where the program turns it into an
+    exception, as the CLI does); errors name `path`, never the temporary file."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    w = None
     try:
         w = gguf.GGUFWriter(tmp, arch)
         for k, v in strings.items():
@@ -90,10 +135,24 @@ def _write(path, arch, tensors, strings):
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        tmp = None
+    except OSError as e:                    # name the user's path, not the temporary file
+        if os.path.isdir(path):
+            raise IsADirectoryError(e.errno, "is a directory, not a file name", path) from None
+        if e.errno is None:
+            raise
+        raise type(e)(e.errno, e.strerror, path) from None
+    finally:
+        if tmp is not None:                 # failed or interrupted: no partial file is left
+            for f in (getattr(w, "fout", None) or ()):
+                try:
+                    f.close()
+                except Exception:
+                    pass
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -101,44 +160,227 @@ def _write(path, arch, tensors, strings):
         os.close(fd)
 
 
-def _string(reader, key):
-    field = reader.fields.get(key)
-    if field is None or field.types != [gguf.GGUFValueType.STRING]:
+# ---- reading -----------------------------------------------------------------------------------
+# The header is parsed here, not by gguf.GGUFReader: that reader trusts the counts it reads (an
+# array declaring 2**62 elements in a 200-byte file makes it loop forever, growing lists). Every
+# count, length and tensor extent is checked against the bytes left in the file before anything is
+# read or allocated, so what a file can make this code allocate is bounded by the file's size.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}                                   # GGUFValueType -> struct format
+_STRING, _ARRAY = int(gguf.GGUFValueType.STRING), int(gguf.GGUFValueType.ARRAY)
+_MAX_DIMS = 4                                          # GGML_MAX_DIMS: ggml reads no more
+_MIN_KV, _MIN_TENSOR_INFO = 8 + 4 + 1, 8 + 4 + 4 + 8    # bytes: empty key + type + u8; empty name
+_NUMPY = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16,
+          gguf.GGMLQuantizationType.F64: np.float64, gguf.GGMLQuantizationType.I8: np.int8,
+          gguf.GGMLQuantizationType.I16: np.int16, gguf.GGMLQuantizationType.I32: np.int32,
+          gguf.GGMLQuantizationType.I64: np.int64}
+
+
+class _Cursor:
+    """Bounds-checked reads from an open file of known size; errors name the file."""
+
+    def __init__(self, f, size, path):
+        self.f, self.size, self.path, self.pos, self.order = f, size, path, 0, "<"
+
+    def fail(self, msg):
+        raise ModelFormatError(f"{self.path}: {msg}")
+
+    def need(self, n, what):
+        if n > self.size - self.pos:
+            self.fail(f"truncated or corrupt: {what} needs {n} bytes at offset {self.pos}, but the "
+                      f"file ({self.size} bytes) has {self.size - self.pos} left")
+
+    def take(self, n, what):
+        self.need(n, what)
+        b = self.f.read(n)
+        if len(b) != n:
+            self.fail(f"the file shrank while it was read (at offset {self.pos})")
+        self.pos += n
+        return b
+
+    def skip(self, n, what):
+        self.need(n, what)
+        self.pos += n
+        self.f.seek(self.pos)
+
+    def unpack(self, fmt, what):
+        fmt = self.order + fmt
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))
+
+    def text(self, what):
+        (n,) = self.unpack("Q", f"the length of {what}")
+        raw = self.take(n, f"{what} (declared {n} bytes long)")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail(f"{what} is not valid UTF-8: {raw[:40]!r}")
+
+
+def _value(cur, vtype, key):
+    """One metadata value: a scalar, bytes (strings, decoded on use) or ("array", type, count)
+    (arrays are skipped: no jitgraph key holds one)."""
+    what = f"metadata {key!r}"
+    if vtype in _SCALARS:
+        return cur.unpack(_SCALARS[vtype], what)[0]
+    if vtype == _STRING:
+        (n,) = cur.unpack("Q", f"the length of {what}")
+        return cur.take(n, f"{what} (a string declared {n} bytes long)")
+    if vtype != _ARRAY:
+        cur.fail(f"{what} has unknown value type {vtype}")
+    itype, count = cur.unpack("IQ", f"the array header of {what}")
+    if itype in _SCALARS:
+        cur.skip(count * struct.calcsize(_SCALARS[itype]), f"{what} (an array declared to hold "
+                                                           f"{count} elements of type {itype})")
+    elif itype == _STRING:
+        cur.need(count * 8, f"{what} (an array declared to hold {count} strings)")
+        for _ in range(count):
+            (n,) = cur.unpack("Q", f"a string length in {what}")
+            cur.skip(n, f"a string in {what} (declared {n} bytes long)")
+    else:
+        inner = "arrays" if itype == _ARRAY else f"unknown type {itype}"
+        cur.fail(f"{what} is an array of {inner}")
+    return ("array", itype, count)
+
+
+def _header(f, path):
+    """(metadata {key: (type, value)}, tensor infos [(name, type, dims, start, nbytes)], byte
+    order), every tensor's data checked to lie inside the file, no two overlapping."""
+    size = os.fstat(f.fileno()).st_size
+    cur = _Cursor(f, size, path)
+    if size < 24:
+        cur.fail(f"not a GGUF file: {size} bytes, shorter than a GGUF header (24)")
+    magic = cur.take(4, "the magic")
+    if magic != b"GGUF":
+        cur.fail(f"not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+    raw = cur.take(4, "the version")
+    version = int.from_bytes(raw, "little")
+    if version & 0xFFFF == 0 and version:            # written on a big-endian machine
+        cur.order, version = ">", int.from_bytes(raw, "big")
+    if version not in (2, 3):
+        cur.fail(f"unsupported GGUF version {version} (this reader reads 2 and 3)")
+    n_tensors, n_kv = cur.unpack("QQ", "the tensor and metadata counts")
+    left = size - cur.pos
+    if n_kv > left // _MIN_KV:
+        cur.fail(f"corrupt header: it declares {n_kv} metadata entries, but the {left} bytes "
+                 f"after it hold at most {left // _MIN_KV}")
+    if n_tensors > (left - n_kv * _MIN_KV) // _MIN_TENSOR_INFO:
+        cur.fail(f"corrupt header: it declares {n_tensors} tensors, but the {left} bytes after "
+                 f"it hold at most {(left - n_kv * _MIN_KV) // _MIN_TENSOR_INFO} tensor infos")
+    kv = {}
+    for i in range(n_kv):
+        key = cur.text(f"metadata key {i}")
+        if key in kv:
+            cur.fail(f"metadata key {key!r} appears twice")
+        (vtype,) = cur.unpack("I", f"the type of metadata {key!r}")
+        kv[key] = (vtype, _value(cur, vtype, key))
+    alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+    if "general.alignment" in kv:
+        vtype, alignment = kv["general.alignment"]
+        if vtype != int(gguf.GGUFValueType.UINT32) or not alignment or alignment & (alignment - 1):
+            cur.fail(f"general.alignment must be a power of two stored as UINT32, got "
+                     f"{alignment!r}")
+    infos, names = [], set()
+    for i in range(n_tensors):
+        name = cur.text(f"the name of tensor {i}")
+        if name in names:
+            cur.fail(f"tensor {name!r} appears twice")
+        names.add(name)
+        (ndim,) = cur.unpack("I", f"the rank of tensor {name!r}")
+        if ndim > _MAX_DIMS:
+            cur.fail(f"tensor {name!r} declares {ndim} dimensions (GGUF allows {_MAX_DIMS})")
+        dims = cur.unpack(f"{ndim}Q", f"the shape of tensor {name!r}")
+        if math.prod(d for d in dims if d) >= 2 ** 59:    # ggml and numpy reject these too
+            cur.fail(f"tensor {name!r}: impossible shape {list(dims)}")
+        (ttype,) = cur.unpack("I", f"the type of tensor {name!r}")
+        try:
+            ttype = gguf.GGMLQuantizationType(ttype)
+            block, type_size = gguf.GGML_QUANT_SIZES[ttype]
+        except (ValueError, KeyError):
+            cur.fail(f"tensor {name!r} has unknown type {ttype}")
+        if dims and dims[0] % block:
+            cur.fail(f"tensor {name!r}: shape {list(dims)} does not fit {ttype.name}'s blocks of "
+                     f"{block}")
+        (offset,) = cur.unpack("Q", f"the data offset of tensor {name!r}")
+        if offset % alignment:
+            cur.fail(f"tensor {name!r}: data offset {offset} is not a multiple of the alignment "
+                     f"{alignment}")
+        infos.append((name, ttype, dims, offset, math.prod(dims) // block * type_size))
+    data = cur.pos + (-cur.pos) % alignment
+    infos = [(name, t, dims, data + off, nbytes) for name, t, dims, off, nbytes in infos]
+    end = data
+    for name, _, dims, start, nbytes in sorted(infos, key=lambda i: (i[3], i[4])):
+        if start + nbytes > size:
+            cur.fail(f"truncated or corrupt: tensor {name!r} ({list(dims)}, {nbytes} bytes at "
+                     f"offset {start}) runs past the end of the file ({size} bytes)")
+        if start < end:
+            cur.fail(f"corrupt: tensor {name!r} overlaps the data of another tensor")
+        end = start + nbytes
+    return kv, infos, cur.order
+
+
+def _string(kv, key, path):
+    vtype, value = kv.get(key, (None, None))
+    if vtype != _STRING:
         return None
-    return bytes(field.parts[field.data[0]]).decode("utf-8")
-
-
-def _read(path):
-    """(arch, {name: (ggml type, array)}, checkpoint meta text or None); ValueError if unreadable."""
-    path = os.fspath(path)
     try:
-        reader = gguf.GGUFReader(path)
-        arch, meta = _string(reader, ARCH_KEY), _string(reader, CHECKPOINT_KEY)
-        # (the reader fails on truncated tensor data: its arrays come up short in a reshape)
-        tensors = {t.name: (t.tensor_type, np.array(t.data)) for t in reader.tensors}
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
-        raise
-    except Exception as e:   # the gguf reader fails with whatever numpy or struct raises
-        raise ValueError(f"{path}: not a valid GGUF file, truncated or corrupt "
-                         f"({type(e).__name__}: {e})") from None
-    if arch is None:
-        raise ValueError(f"{path}: no {ARCH_KEY} string; not a jitgraph/ggml model file")
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelFormatError(f"{path}: {key} is not valid UTF-8: {value[:40]!r}") from None
+
+
+def _tensor(f, path, order, name, ttype, dims, start, nbytes):
+    """A tensor's data as a native-order numpy array, shape = reversed ne (numpy order)."""
+    if ttype not in _NUMPY:
+        raise ModelFormatError(f"{path}: tensor {name!r} is {ttype.name}; jitgraph reads "
+                               f"{', '.join(t.name for t in _NUMPY)}")
+    dtype = np.dtype(_NUMPY[ttype]).newbyteorder(order)
+    a = np.empty(nbytes // dtype.itemsize, dtype)
+    f.seek(start)
+    if f.readinto(memoryview(a).cast("B")) != nbytes:
+        raise ModelFormatError(f"{path}: the file shrank while tensor {name!r} was read")
+    return a.reshape(tuple(reversed(dims))).astype(a.dtype.newbyteorder("="), copy=False)
+
+
+def _read(path, want_arch=None):
+    """(arch, {name: (ggml type, array)}, checkpoint meta text or None). Missing or unreadable
+    files raise OSError; anything wrong inside one, ModelFormatError naming the file. The
+    architecture is checked before any tensor data is read."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        try:
+            kv, infos, order = _header(f, path)
+        except OSError as e:          # e.g. a directory or device that reads fail on
+            raise ModelFormatError(f"{path}: cannot read it as a GGUF file ({e})") from None
+        arch, meta = _string(kv, ARCH_KEY, path), _string(kv, CHECKPOINT_KEY, path)
+        if arch is None:
+            raise ModelFormatError(f"{path}: no {ARCH_KEY} string; not a jitgraph/ggml model file")
+        if want_arch is not None and arch != want_arch:
+            raise ModelFormatError(f"{path}: architecture is {arch!r}, expected {want_arch!r}")
+        try:
+            _spec(arch, path)
+        except ValueError as e:
+            raise ModelFormatError(str(e)) from None
+        tensors = {i[0]: (i[1], _tensor(f, path, order, *i)) for i in infos}
     return arch, tensors, meta
 
 
 def _load(path, want_arch):
-    arch, tensors, meta = _read(path)
-    if want_arch is not None and arch != want_arch:
-        raise ValueError(f"{path}: architecture is {arch!r}, expected {want_arch!r}")
+    arch, tensors, meta = _read(path, want_arch)
     spec = _spec(arch, path)
     state = {k[len(STATE_PREFIX):]: a for k, (_, a) in tensors.items() if k.startswith(STATE_PREFIX)}
     weights = {k: a for k, (_, a) in tensors.items() if not k.startswith(STATE_PREFIX)}
     bad = [k for k in weights if tensors[k][0] != gguf.GGMLQuantizationType.F32]
     if bad:
-        raise ValueError(f"{path}: tensors {bad} are not F32")
+        raise ModelFormatError(f"{path}: tensors {bad} are not F32")
     try:
         params = spec.from_ggml(weights)
-        meta = None if meta is None else json.loads(meta)
     except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise ModelFormatError(f"{path}: {e}") from None
+    if meta is not None:
+        try:
+            meta = json.loads(meta)
+        except (ValueError, RecursionError) as e:
+            raise ModelFormatError(f"{path}: {CHECKPOINT_KEY} is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise ModelFormatError(f"{path}: {CHECKPOINT_KEY} is not a JSON object")
     return arch, params, state, meta

@@ -8,6 +8,7 @@ from .types import ShapeError, TensorType
 
 FORMAT, VERSION = "jitgraph-graph", 1
 MAX_ELEMENTS = 2 ** 48      # per tensor: far beyond any real graph, far from int64 overflow
+MAX_NDIM = 64               # dimensions per tensor (numpy's own limit)
 
 
 class GraphFormatError(ValueError):
@@ -40,19 +41,36 @@ def _expect(cond, msg):
         raise GraphFormatError(msg)
 
 
-def _int_table(doc, key):
-    t = doc.get(key)
+def _name(name, what, empty=False):
+    """Names are data: any string of Unicode text (no lone surrogates, so it can be written out as
+    UTF-8), non-empty where the builder asks for that; whatever prints or compiles them escapes
+    them."""
+    _expect(isinstance(name, str) and (empty or name != ""),
+            f"{what} must be a non-empty string, got {name!r:.80}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise GraphFormatError(f"{what} {name!r:.80} is not valid Unicode text") from None
+    return name
+
+
+def _int_table(doc, key, what):
+    t = doc.get(key, {} if key == "updates" else None)
     _expect(isinstance(t, dict), f"field {key!r} must be an object of name -> node id")
     for k, v in t.items():
+        _name(k, f"{what} name", empty=key == "outputs")
         _expect(isinstance(v, int) and not isinstance(v, bool), f"{key}[{k!r}] must be a node id")
     return t
 
 
 def graph_from_json(text) -> "Graph":
     from .ir import Graph, Node
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="strict")
-    _expect(isinstance(text, str), "expected JSON text")
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8", errors="strict")
+        except UnicodeDecodeError as e:
+            raise GraphFormatError(f"not UTF-8 text: {e}") from None
+    _expect(isinstance(text, str), f"expected JSON text, got {type(text).__name__}")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -62,11 +80,9 @@ def graph_from_json(text) -> "Graph":
     _expect(doc.get("version") == VERSION, f"unsupported version {doc.get('version')!r}; "
                                            f"this jitgraph reads version {VERSION}")
     _expect(isinstance(doc.get("nodes"), list), "field 'nodes' must be a list")
-    try:
-        g = Graph(doc.get("name"))
-    except ShapeError as e:
-        raise GraphFormatError(str(e)) from None
-    inputs, params, outputs = (_int_table(doc, k) for k in ("inputs", "params", "outputs"))
+    g = Graph(_name(doc.get("name"), "the graph name"))
+    inputs, params, outputs, updates = (_int_table(doc, k, k[:-1]) for k in
+                                        ("inputs", "params", "outputs", "updates"))
     inits = doc.get("inits")
     _expect(isinstance(inits, dict), "field 'inits' must be an object")
     try:
@@ -78,14 +94,18 @@ def graph_from_json(text) -> "Graph":
                                                   and 0 <= i < pos for i in ins),
                     f"node {pos} ({op}): inputs must be ids of earlier nodes, got {ins!r}")
             _expect(isinstance(attrs, dict), f"node {pos} ({op}): 'attrs' must be an object")
-            _expect(isinstance(ty, dict) and isinstance(ty.get("shape"), list),
+            _expect(isinstance(ty, dict) and isinstance(ty.get("shape"), list)
+                    and isinstance(ty.get("dtype"), str) and set(ty) == {"dtype", "shape"},
                     f"node {pos} ({op}): 'type' must be {{dtype, shape}}")
-            t = TensorType(ty.get("dtype"), tuple(ty["shape"]))
+            _expect(len(ty["shape"]) <= MAX_NDIM, f"node {pos} ({op}): {len(ty['shape'])} "
+                                                  f"dimensions (at most {MAX_NDIM})")
+            t = TensorType(ty["dtype"], tuple(ty["shape"]))
             _expect(t.size <= MAX_ELEMENTS, f"node {pos} ({op}): {t} is too large")
             if op in ("input", "param"):
                 name = attrs.get("name")
                 table = inputs if op == "input" else params
-                _expect(isinstance(name, str) and table.get(name) == pos and not ins,
+                _name(name, f"node {pos}: the {op} name")
+                _expect(table.get(name) == pos and not ins,
                         f"node {pos}: {op} {name!r} does not match the {op}s table")
                 a = {"name": name}
                 if op == "param":
@@ -110,8 +130,6 @@ def graph_from_json(text) -> "Graph":
         for k, i in outputs.items():
             _expect(0 <= i < len(g.nodes), f"output {k!r} points at missing node {i}")
             g.outputs[k] = i
-        updates = doc.get("updates", {})
-        _expect(isinstance(updates, dict), "field 'updates' must be an object")
         for k, i in updates.items():
             _expect(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(g.nodes),
                     f"update {k!r} points at missing node {i!r}")
@@ -119,6 +137,7 @@ def graph_from_json(text) -> "Graph":
         g.validate()
     except GraphFormatError:
         raise
-    except (ShapeError, ValueError, TypeError, KeyError, RecursionError, OverflowError) as e:
-        raise GraphFormatError(f"invalid graph: {e}") from None
+    except (ShapeError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            ArithmeticError, RecursionError) as e:     # shape rules fed attrs no builder passes
+        raise GraphFormatError(f"invalid graph: {type(e).__name__}: {e}") from None
     return g

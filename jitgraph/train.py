@@ -16,22 +16,30 @@ class Result:
     losses: list = field(default_factory=list)
     ndata: int = 0
     ncorrect: int = 0
+    sizes: list = field(default_factory=list)     # samples in each batch
 
     def add(self, loss: float, n: int, correct=None):
         self.losses.append(float(loss))
+        self.sizes.append(int(n))
         self.ndata += n
         self.ncorrect = -1 if correct is None or self.ncorrect < 0 else self.ncorrect + int(correct)
 
     def loss(self):
-        """Mean batch loss and its standard error (ggml_opt_result_loss)."""
+        """Mean batch loss and its standard error (ggml_opt_result_loss); batches of different
+        sizes (a last, partial one) are weighted by their samples. (nan, nan) when empty."""
         nb = len(self.losses)
         if nb == 0:
-            return 0.0, math.nan
+            return math.nan, math.nan
         a = np.asarray(self.losses, np.float64)
-        mean = float(a.mean())
+        w = np.asarray(self.sizes if len(self.sizes) == nb else [1] * nb, np.float64)
+        if (w == w[0]).all():
+            mean = float(a.mean())
+            var = float((a * a).sum() / nb - mean * mean)
+        else:
+            mean = float((w * a).sum() / w.sum())
+            var = float((w * (a - mean) ** 2).sum() / w.sum())
         if nb < 2:
             return mean, math.nan
-        var = float((a * a).sum() / nb - mean * mean)
         return mean, math.sqrt(max(var, 0.0) / (nb - 1))
 
     def accuracy(self):
@@ -70,16 +78,88 @@ def _bar(total, desc, progress):
                 dynamic_ncols=True, file=sys.stderr)
 
 
-def run_epoch(fn, ds, idx, batch_size, result, bar=None):
-    """Run `fn(feeds) -> outputs` over the samples `idx` of `ds` in fixed-size batches."""
-    for s in range(0, len(idx) - batch_size + 1, batch_size):
+def run_epoch(fn, ds, idx, batch_size, result, bar=None, partial=False):
+    """Run `fn(feeds) -> outputs` over the samples `idx` of `ds` in fixed-size batches. The
+    samples that do not fill a last batch are left out (training), or with `partial` scored too:
+    padded to a whole batch by repeating them, the padding masked out (see _score_partial)."""
+    full = len(idx) - len(idx) % batch_size
+    for s in range(0, full, batch_size):
         b = idx[s:s + batch_size]
         out = fn(_feeds(ds.x[b], ds.y[b]))
         result.add(out["loss"], batch_size, out.get("correct"))
         if bar is not None:
             bar.update(batch_size)
             bar.set_postfix_str(str(result), refresh=False)
+    if partial and full < len(idx):
+        b = idx[full:]
+        padded = np.resize(b, batch_size)
+        out = fn(_feeds(ds.x[padded], ds.y[padded]))
+        result.add(*_score_partial(out, ds.y[b]))
+        if bar is not None:
+            bar.update(len(b))
+            bar.set_postfix_str(str(result), refresh=False)
     return result
+
+
+def _score_partial(out, y):
+    """(loss, n, correct) of the first len(y) rows of a padded batch, from its logits: the mean
+    cross-entropy and the argmax hits of those rows alone (the outputs `loss` and `correct`
+    cover the padding too)."""
+    n = len(y)
+    logits = out.get("logits")
+    if logits is None:
+        raise ValueError(f"evaluation: the last {n} samples do not fill a batch, and the program "
+                         f"has no `logits` output to score them alone; use a batch size that "
+                         f"divides the number of samples")
+    z = np.asarray(logits[:n], np.float64)
+    m = z.max(axis=-1, keepdims=True)
+    logp = z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
+    y = np.asarray(y)
+    if y.dtype.kind in "iu":
+        loss = -logp[np.arange(n), y].mean()
+        hits = np.argmax(z, axis=-1) == y
+    else:                                   # probability targets
+        loss = -(y * logp).sum(axis=-1).mean()
+        hits = np.argmax(z, axis=-1) == np.argmax(y, axis=-1)
+    correct = int(hits.sum()) if out.get("correct") is not None else None
+    return float(loss), n, correct
+
+
+def check_partial_scoring(program) -> None:
+    """Raise ValueError unless a padded last batch can be scored from the logits: the graph's
+    `loss` must be cross_entropy(logits, y) (what _score_partial recomputes)."""
+    src = getattr(program, "source", None) or getattr(getattr(program, "_prog", None),
+                                                      "source", None)
+    if src is None:
+        return
+    ok = "loss" in src.outputs and "logits" in src.outputs and "y" in src.inputs
+    if ok:
+        node = src.nodes[src.outputs["loss"]]
+        ok = node.op == "cross_entropy" and list(node.inputs) == [src.outputs["logits"],
+                                                                  src.inputs["y"]]
+    if not ok:
+        raise ValueError(f"evaluation: a last, partial batch can only be scored for a graph whose "
+                         f"`loss` is cross_entropy(logits, y); graph {src.name} is not, so use a "
+                         f"batch size that divides the number of samples")
+
+
+def train_samples(n, batch_size, logical_batch, val_split) -> int:
+    """Samples of `n` that train each epoch (ggml_opt_fit's split: whole logical batches, the
+    rest validates); ValueError when the sizes leave no training batch."""
+    lb = logical_batch or batch_size
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    if lb % batch_size:
+        raise ValueError(f"logical batch {lb} is not a multiple of the batch size {batch_size}")
+    if n < lb:
+        raise ValueError(f"data set has {n} samples, fewer than one logical batch of {lb}")
+    if not 0.0 <= val_split < 1.0:
+        raise ValueError(f"val_split must be in [0, 1), got {val_split}")
+    n_train = int((1.0 - val_split) * (n // lb)) * lb
+    if n_train == 0:
+        raise ValueError(f"val_split {val_split} leaves no training batch ({n} samples make "
+                         f"{n // lb} batches of {lb})")
+    return n_train
 
 
 class Trainer:
@@ -89,18 +169,9 @@ class Trainer:
                  seed=0):
         n = len(dataset)
         lb = logical_batch or batch_size
-        if lb % batch_size:
-            raise ValueError(f"logical batch {lb} is not a multiple of the batch size {batch_size}")
-        if n < lb:
-            raise ValueError(f"data set has {n} samples, fewer than one logical batch of {lb}")
-        if not 0.0 <= val_split < 1.0:
-            raise ValueError(f"val_split must be in [0, 1), got {val_split}")
+        self.n_train = train_samples(n, batch_size, lb, val_split)
         self.program, self.dataset = program, dataset
         self.batch_size, self.logical_batch = batch_size, lb
-        nlogical = n // lb
-        self.n_train = int((1.0 - val_split) * nlogical) * lb     # ggml_opt_fit's split
-        if self.n_train == 0:
-            raise ValueError(f"val_split {val_split} leaves no training batch")
         self.rng = np.random.default_rng(seed)
         self.order = self.rng.permutation(n) if lb < n else np.arange(n)
         self.epoch = 0
@@ -119,10 +190,12 @@ class Trainer:
             run_epoch(lambda f: self.program.step(**f), self.dataset, train_idx,
                       self.batch_size, tr, bar)
         val_idx = self.order[self.n_train:]
-        if len(val_idx) >= self.batch_size:
+        if len(val_idx):                  # every validation sample, a last partial batch too
+            if len(val_idx) % self.batch_size:
+                check_partial_scoring(self.evaluator)
             with _bar(len(val_idx), f"epoch {self.epoch + 1} val", progress) as bar:
                 run_epoch(lambda f: self.evaluator.run(**f), self.dataset, val_idx,
-                          self.batch_size, va, bar)
+                          self.batch_size, va, bar, partial=True)
         self.epoch += 1
         return EpochLog(self.epoch, tr, va, time.perf_counter() - t0)
 
@@ -163,11 +236,22 @@ def fit(model, dataset, *, epochs=1, batch_size=None, logical_batch=None, val_sp
 
 
 def evaluate(program, dataset, batch_size, progress=None) -> Result:
-    """Forward-only pass over `dataset` (a trailing partial batch is left out, as ggml does).
-    `program` is anything with `run(**inputs)`: a forward program or a training program's
-    evaluator()."""
+    """Forward-only pass over every sample of `dataset`. `program` is anything with
+    `run(**inputs)` compiled for `batch_size` samples: a forward program or a training program's
+    evaluator(). Samples that do not fill a last batch (or a data set smaller than one batch)
+    run padded to a whole batch, the padding masked out: their loss and hits are computed from
+    their rows of the `logits` output, so the graph's loss must be cross_entropy(logits, y).
+    An empty data set is a ValueError."""
+    n = len(dataset)
+    if n == 0:
+        raise ValueError("evaluate: the data set is empty; there is nothing to evaluate")
+    if int(batch_size) < 1:
+        raise ValueError(f"evaluate: batch_size must be >= 1, got {batch_size}")
+    if n % batch_size:
+        check_partial_scoring(program)
     ev = program
     res = Result()
-    with _bar(len(dataset) // batch_size * batch_size, "eval", progress) as bar:
-        run_epoch(lambda f: ev.run(**f), dataset, np.arange(len(dataset)), batch_size, res, bar)
+    with _bar(n, "eval", progress) as bar:
+        run_epoch(lambda f: ev.run(**f), dataset, np.arange(n), batch_size, res, bar,
+                  partial=True)
     return res

@@ -48,3 +48,32 @@ def validate(graph) -> None:
     for name, i in graph.outputs.items():
         if not (isinstance(i, int) and 0 <= i < len(graph.nodes)):
             raise ShapeError(f"graph {graph.name}: output {name!r} points at missing node %{i}")
+
+
+# ops that move or repeat values without changing them: an index read through one is still a
+# value of the input below
+_VALUE_PRESERVING = ("reshape", "permute", "transpose", "broadcast_to")
+
+
+def index_inputs(graph) -> dict:
+    """{input name: (bound, [(op, node id)])} for every integer input whose values index
+    (class labels, token ids, get_rows rows: the ops' `index` facts), directly or through a
+    reshape/permute/transpose/broadcast_to: each must lie in [0, bound), the smallest bound of
+    the ops that read it."""
+    from .ops.registry import OPS, Arg
+    out = {}
+    for n in graph.nodes:
+        rule = OPS[n.op].index if n.op in OPS else None     # leaves (input, param) index nothing
+        if rule is None:
+            continue
+        args = [Arg(graph.label(i), graph.nodes[i].type) for i in n.inputs]
+        for pos, bound in rule(args, n.attr):
+            src = graph.nodes[n.inputs[pos]]
+            while src.op in _VALUE_PRESERVING:
+                src = graph.nodes[src.inputs[0]]
+            if src.op != "input":
+                continue
+            name = src.attr["name"]
+            b, users = out.get(name, (bound, []))
+            out[name] = (min(b, bound), users + [(n.op, n.id)])
+    return out

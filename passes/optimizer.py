@@ -21,6 +21,7 @@ from jitgraph.ops import apply, cast, const, clamp, exp, mul, scale, sqr, sqrt, 
 from jitgraph.optim import APPLY, LR, STEP, Adam
 from jitgraph.types import ShapeError
 
+from .guard import gate
 from .report import Report
 
 
@@ -54,7 +55,7 @@ def apply_optimizer(graph, optimizer, loss: str = "loss"):
         do = g.input(APPLY, ())
         new = {name: where(do, t, g.tensor(g.params[name])) for name, t in new.items()}
         new.update({f"opt/acc/{p}": where(do, 0.0, a) for p, a in acc.items()})
-    g.update(**new)
+    g.update(**gate(g, new))
     state = [n for n in g.params if n.startswith("opt/")]
     rep = Report("optimizer", {
         "params": len(names), "state_tensors": len(state),

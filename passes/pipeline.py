@@ -9,6 +9,8 @@ Stages and their switches (jitgraph.compile arguments):
               primitives become the row op (passes/patterns.py), before autodiff so the
               backward uses their *_back ops; `fuse=False` keeps one kernel per primitive
   autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs
+  guard       with `check_finite`: flags whether every float output (loss, gradients) is
+              finite and makes every update keep the old value when not (passes/guard.py)
   optimizer   when `optimizer` is given: appends the parameter update (needs `loss`)
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
   checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
@@ -36,6 +38,7 @@ class Options:
     fuse: bool = True
     plan_memory: bool = True
     checkpoint: object = None
+    check_finite: bool = False        # guard: a step with a non-finite value changes nothing
     param_slots: dict | None = None   # internal: place params in another program's region
 
 
@@ -59,6 +62,12 @@ def _patterns(st):
 def _autodiff(st):
     from .autodiff import grad
     st.graph, rep = grad(st.graph, st.options.loss)
+    return rep
+
+
+def _guard(st):
+    from .guard import guard
+    st.graph, rep = guard(st.graph)
     return rep
 
 
@@ -110,6 +119,7 @@ def _always(opts):
 STAGES = [
     ("patterns", _patterns, lambda o: o.fuse),
     ("autodiff", _autodiff, lambda o: o.loss is not None),
+    ("guard", _guard, lambda o: o.check_finite),
     ("optimizer", _optimizer, lambda o: o.optimizer is not None),
     ("simplify", _simplify, _always),
     ("checkpoint", _checkpoint, lambda o: o.checkpoint is not None),

@@ -11,15 +11,24 @@ ignores options). Files are compiled with numba `cache=True`, whose machine code
 
 Each file's first line is a checksum of the rest: a truncated or edited file is detected and
 rewritten, and its numba cache files are dropped. Layout: $JITGRAPH_CACHE_DIR (default
-~/.cache/jitgraph) / v<format> / {k,d}_<hash>.py.
+~/.cache/jitgraph) / v<format> / {k,d}_<hash>.py. When that directory cannot be created or
+written, one RuntimeWarning says so and the process compiles into a private temporary cache
+(removed at exit) instead.
+
+`set_progress(fn)` installs a callback `fn(done, total)` that hears of each kernel a driver
+loads or compiles (a front end's progress bar).
 """
 from __future__ import annotations
 
 import hashlib
+import atexit
+import errno
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
+import warnings
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +42,32 @@ def cache_dir() -> Path:
     root = os.environ.get("JITGRAPH_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jitgraph")
     d = Path(root) / f"v{FORMAT}"
-    d.mkdir(parents=True, exist_ok=True)
+    if root in _FALLBACK:
+        return _FALLBACK[root]
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable", str(d))
+    except OSError as e:
+        return _fallback(root, e)
+    return d
+
+
+_FALLBACK = {}   # unusable cache root -> the private temporary cache used instead
+
+
+def _fallback(root, error) -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix="jitgraph-cache-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    d = tmp / f"v{FORMAT}"
+    d.mkdir()
+    _FALLBACK[root] = d
+    why = error.strerror or str(error)
+    where = f"JITGRAPH_CACHE_DIR={root}" if os.environ.get("JITGRAPH_CACHE_DIR") else root
+    warnings.warn(f"kernel cache {where} is not usable ({why}: {error.filename or root}); "
+                  f"compiling into a private temporary cache instead (nothing is kept for the "
+                  f"next run; set JITGRAPH_CACHE_DIR to a writable directory)", RuntimeWarning,
+                  stacklevel=3)
     return d
 
 
@@ -128,9 +162,16 @@ def store(name: str, text: str) -> tuple[Path, bool]:
         return path, False
     purge(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(_CHECK + _checksum(text) + "\n" + text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(_CHECK + _checksum(text) + "\n" + text)
+        os.replace(tmp, path)
+    except BaseException:       # no stray temporary file, whatever stopped the write
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path, True
 
 
@@ -147,6 +188,42 @@ def load(path: Path, fresh: bool = False):
 
 
 COUNTS = Counter()   # kernels "compiled" and "loaded" (from numba's disk cache)
+_progress = None     # set_progress's callback
+_rounds = {}         # driver file -> [kernels done, kernels in it]
+
+
+def set_progress(fn):
+    """Install `fn(done, total)` (None: none), called while a driver is imported: (0, total) before
+    its first kernel, then after each kernel is compiled or loaded. Returns the previous one."""
+    global _progress
+    old, _progress = _progress, fn
+    return old
+
+
+def _report(driver_file, after):
+    if _progress is None:
+        return
+    r = _rounds.get(driver_file)
+    if r is None:
+        try:     # generated drivers declare each kernel on a line `name = entry(__file__, ...)`
+            total = Path(driver_file).read_text().count("= entry(__file__,")
+        except OSError:
+            return
+        r = _rounds[driver_file] = [0, total]
+        _call_progress(0, total)
+    if after:
+        r[0] += 1
+        r[1] = max(r[1], r[0])
+        _call_progress(*r)
+        if r[0] >= r[1]:
+            del _rounds[driver_file]
+
+
+def _call_progress(done, total):
+    try:
+        _progress(done, total)
+    except Exception:       # a broken progress display never stops compiling
+        pass
 
 
 def entry(driver_file: str, name: str, nargs: int):
@@ -158,7 +235,9 @@ def entry(driver_file: str, name: str, nargs: int):
     from numba.np.ufunc.parallel import _launch_threads
     _launch_threads()   # cached parallel kernels need the thread pool's symbols
     modname = f"jitgraph_cache.{name}"
+    _report(driver_file, after=False)
     fn = getattr(load(Path(driver_file).parent / f"{name}.py"), name)
+    _report(driver_file, after=True)
     if modname not in _SEEN:
         _SEEN.add(modname)
         COUNTS["loaded" if fn.cache_hits else "compiled"] += 1

@@ -13,12 +13,15 @@ import os
 import sys
 import time
 from collections.abc import MutableMapping
+from dataclasses import replace
 
 import numpy as np
 
+from jitgraph.passes import guard
 from jitgraph.passes.fuse import live_nodes
 from jitgraph.passes.pipeline import Options, dump, run_pipeline
 from jitgraph.types import ShapeError
+from jitgraph.validate import index_inputs
 
 from . import cache
 from .cpu.codegen import generate
@@ -137,11 +140,11 @@ class Program:
     read-only views of its buffers that the next step overwrites (copying a 16 MB output cost
     0.8 ms, as much as a fused softmax over it)."""
 
-    def __init__(self, source, options: Options, *, seed=0, check_finite=False, persist=None,
-                 copy_outputs=True):
+    def __init__(self, source, options: Options, *, seed=0, persist=None, copy_outputs=True,
+                 check_indices=True):
         self.source = source
         self.options = options
-        self.check_finite = check_finite
+        self.check_indices = check_indices
         self.copy_outputs = copy_outputs
         self._state, self._gen, self._driver, self._stats = build(source, options)
         g, plan = self._state.graph, self._state.memory
@@ -162,12 +165,19 @@ class Program:
         self._runtime_views = {k: _view(self._arena, plan.slots[g.inputs[k]],
                                         g.nodes[g.inputs[k]].type)
                                for k in self._runtime if g.inputs.get(k) in live}
-        names = [k for k in g.outputs if opt is None or k in source.outputs]
+        names = [k for k in g.outputs
+                 if (opt is None or k in source.outputs) and not k.startswith(guard.FLAG)]
         self._outputs = {k: _view(self._arena if plan.slots[g.outputs[k]].region == "arena"
                                   else self._persist, plan.slots[g.outputs[k]],
                                   g.nodes[g.outputs[k]].type) for k in names}
         for v in self._outputs.values():
             v.flags.writeable = False       # `step` hands them out with copy_outputs=False
+        self._flags = {k: _view(self._arena if plan.slots[i].region == "arena" else
+                                self._persist, plan.slots[i], g.nodes[i].type)
+                       for k, i in g.outputs.items() if k.startswith(guard.FLAG)}
+        self._indices = [(self._inputs[k], k, bound, users)
+                         for k, (bound, users) in index_inputs(g).items()
+                         if k in self._inputs and check_indices]
         user = [k for k in source.params]
         self.params = ArrayMap({k: self._param_views[k] for k in user}, "param")
         self.state = ArrayMap({k: v for k, v in self._param_views.items() if k not in user},
@@ -199,20 +209,42 @@ class Program:
 
     def step(self, **inputs) -> dict:
         self._feed(inputs)
+        if self._indices:
+            self._check_indices()
         if self._runtime_views:
             for k, v in self.options.optimizer.runtime_inputs(self.calls).items():
                 if k in self._runtime_views:
                     self._runtime_views[k][...] = v
         self._driver(self._arena, self._persist)
+        if self._flags and self._flags[guard.FLAG][()] != 0:
+            self._raise_nonfinite()
         self.calls += 1
-        out = {k: v.copy() for k, v in self._outputs.items()} if self.copy_outputs else \
+        return {k: v.copy() for k, v in self._outputs.items()} if self.copy_outputs else \
             dict(self._outputs)
-        if self.check_finite:
-            for k, v in out.items():
-                if v.dtype.kind == "f" and not np.isfinite(v).all():
-                    raise FloatingPointError(f"step {self.calls}: output {k} is not finite "
-                                             f"({np.count_nonzero(~np.isfinite(v))} NaN/Inf)")
-        return out
+
+    @property
+    def check_finite(self) -> bool:
+        return self.options.check_finite
+
+    def _check_indices(self):
+        """Integer inputs that index (labels, token ids, rows) must lie in [0, bound): checked
+        before the driver runs, so a bad batch changes nothing (the interpreter's IndexError)."""
+        for view, name, bound, users in self._indices:
+            if view.size and (view.min() < 0 or view.max() >= bound):
+                bad = np.flatnonzero((view < 0) | (view >= bound))[0]
+                at = np.unravel_index(bad, view.shape)
+                ops = ", ".join(f"{op} (%{nid})" for op, nid in users)
+                raise IndexError(f"graph {self.graph.name}: input {name}[{','.join(map(str, at))}]"
+                                 f" = {view.flat[bad]} is out of range [0, {bound}) for {ops}")
+
+    def _raise_nonfinite(self):
+        """The guard (passes/guard.py) kept every param and state: name the first non-finite
+        value and leave the step uncounted."""
+        what = guard.first_flagged({k: v[()] for k, v in self._flags.items()})
+        kind = "gradient of param" if what.startswith("grad/") else "output"
+        name = what[len("grad/"):] if what.startswith("grad/") else what
+        raise FloatingPointError(f"step {self.calls + 1}: {kind} {name} is not finite; the "
+                                 f"update was not applied (params and optimizer state unchanged)")
 
     run = step
 
@@ -262,8 +294,10 @@ class Evaluator:
                              f"{', '.join(sorted(given)) or 'none'}; missing "
                              f"{', '.join(sorted(need))}")
         prog = self._prog
-        opts = Options(param_slots=prog._state.memory.params)
-        return Program(g, opts, persist=prog._persist)
+        opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None,
+                       param_slots=prog._state.memory.params)
+        return Program(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,
+                       check_indices=prog.check_indices)
 
     def stats(self) -> dict:
         return {"programs": len(self._programs)}

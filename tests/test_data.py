@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 
+from jitgraph import DataFormatError
 from jitgraph.data import Dataset, load_mnist, synthetic_digits
 
 MNIST_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
@@ -54,7 +55,7 @@ def test_load_mnist_good_files(tmp_path, gz, split, prefix):
 
 
 def expect_error(tmp_path, path, *words):
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(DataFormatError) as e:
         load_mnist(str(tmp_path), "train")
     msg = str(e.value)
     assert path in msg, msg

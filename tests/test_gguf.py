@@ -6,6 +6,7 @@ import gguf
 import numpy as np
 import pytest
 
+from jitgraph import ModelFormatError
 from jitgraph.gguf_io import load_checkpoint, load_model, save_checkpoint, save_model
 from jitgraph.models import MODELS
 
@@ -98,7 +99,7 @@ def saved_bytes(tmp_path, arch="mnist-fc"):
 def rejected(path, data, *words):
     with open(path, "wb") as f:
         f.write(bytes(data))
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ModelFormatError) as e:
         load_model(path)
     for w in (path,) + words:
         assert w in str(e.value), str(e.value)
@@ -192,7 +193,7 @@ def test_checkpoint_errors(tmp_path):
         save_checkpoint(path, "mnist-fc", p, {}, {"x": object()})
     assert os.listdir(tmp_path) == []
     save_model(path, "mnist-fc", p)
-    with pytest.raises(ValueError, match="not a training checkpoint"):
+    with pytest.raises(ModelFormatError, match="not a training checkpoint"):
         load_checkpoint(path)
 
 

@@ -67,10 +67,17 @@ def _ce_vjp(g, out, xs, a):
     return [apply("cross_entropy_back", logits, target, g), gt]
 
 
+def _ce_labels(args, a):
+    """Class labels index the logits' columns; probability targets index nothing."""
+    return [(1, args[0].shape[1])] if args[1].dtype == "i32" else []
+
+
 register("cross_entropy", kind="opaque", arity=2, infer=_ce_infer, ref=_ce_ref, vjp=_ce_vjp,
+         index=_ce_labels,
          doc="cross_entropy(logits [N,C], target i32[N] labels or [N,C] probabilities): "
              "mean over N of -sum(target * log_softmax(logits)), via log-sum-exp")
 register("cross_entropy_back", kind="opaque", arity=3, infer=_ce_back_infer, ref=_ce_back_ref,
+         index=_ce_labels,
          doc="cross_entropy_back(logits, target, g) = (softmax * sum(target) - target) / N * g; "
              "sum(target) is 1 for labels and normalised probabilities")
 

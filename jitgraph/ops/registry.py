@@ -126,6 +126,8 @@ class OpDef:
     kind: str = "opaque"       # elementwise | reduce | gemm | view | leaf | opaque
     expr: str | None = None    # elementwise: scalar expression over {0}, {1}, ... and {attr}
     doc: str = ""
+    index: Callable | None = None  # (args, attrs) -> [(operand position, bound)]: integer
+                                   # operands that index, each valid in [0, bound)
 
     def check_attrs(self, attrs: dict) -> dict:
         out = {}
@@ -154,10 +156,11 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
-def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", expr=None, doc=""):
+def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", expr=None, doc="",
+             index=None):
     if name in OPS:
         raise RuntimeError(f"op {name!r} registered twice")
-    OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc)
+    OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index)
     return OPS[name]
 
 

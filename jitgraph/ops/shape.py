@@ -162,6 +162,7 @@ def _get_rows_ref(a, w, idx):
 
 
 register("get_rows", arity=2, kind="opaque", infer=_get_rows_infer, ref=_get_rows_ref,
+         index=lambda args, a: [(1, args[0].shape[0])],
          doc="get_rows(table[V, ...], idx i32[...]) -> [..., ...]: rows of table by index")
 
 
@@ -187,6 +188,7 @@ def _get_rows_back_ref(a, g, idx):
 
 register("get_rows_back", arity=2, kind="opaque", infer=_get_rows_back_infer,
          ref=_get_rows_back_ref, attrs={"n_rows": ("int", REQUIRED)},
+         index=lambda args, a: [(1, a["n_rows"])],
          doc="get_rows_back(g, idx) [n_rows]: scatter-add of g's rows into a zero table "
              "(ggml_get_rows_back); repeated indices accumulate")
 

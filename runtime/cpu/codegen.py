@@ -124,7 +124,7 @@ def generate(kg, plan, name_of) -> Generated:
     for k in kg.kernels:
         if k.kind != "node":
             body.append(f"# k{k.id} [{k.kind}]")
-        body += ["# " + format_node(g, g.nodes[nid]).strip() for nid in k.nodes]
+        body += [comment(format_node(g, g.nodes[nid]).strip()) for nid in k.nodes]
         todo = lower_node(g, g.nodes[k.root], slot_of) if k.kind == "node" else \
             fused.lower_kernel(g, kg, k, slot_of)
         for c in todo:
@@ -135,12 +135,12 @@ def generate(kg, plan, name_of) -> Generated:
             body.append(f"{name}({', '.join(_address(*a) for a in addrs)})")
     for name, nid in plan.copies:
         src, dst = plan.slots[nid], plan.params[name]
-        body.append(f"# update {name} <- {g.label(nid)} (copy)")
+        body.append(comment(f"update {name} <- {g.label(nid)} (copy)"))
         body.append(f"persist[{dst.offset}:{dst.offset + dst.nbytes}] = "
                     f"{src.region}[{src.offset}:{src.offset + src.nbytes}]")
     for name, nid in plan.inplace.items():
-        body.append(f"# update {name} <- %{nid} (written in place)")
-    head = [f'"""jitgraph driver for graph {g.name} (generated)."""', "import numpy as np",
+        body.append(comment(f"update {name} <- %{nid} (written in place)"))
+    head = [comment(f"jitgraph driver for graph {g.name} (generated)"), "import numpy as np",
             "from numba import njit", "", "from jitgraph.runtime.cache import entry", ""]
     head += [f'{k} = entry(__file__, "{k}", {nargs})' for k, (_, nargs) in sorted(kernels.items())]
     body = ["a = np.int64(arena.ctypes.data)", "p = np.int64(persist.ctypes.data)"] + body
@@ -150,6 +150,14 @@ def generate(kg, plan, name_of) -> Generated:
     work_bytes = work_at + work - plan.arena_bytes if work else 0
     return Generated({k: t for k, (t, _) in kernels.items()}, driver,
                      text.replace("DRIVER", driver), len(calls), work_bytes, calls)
+
+
+def comment(text: str) -> str:
+    """A source comment showing `text`, which may hold user strings (graph, input, param and
+    output names): every character that could end the comment line or the source (newlines,
+    other control and non-printable characters) is written as its escape, so user strings reach
+    generated code only as comment text, never as code."""
+    return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _address(region, offset):
