@@ -78,7 +78,7 @@ def elementwise_graph(dt):
         ema=apply("ema", q, p, beta=0.9), ema_sq=apply("ema_sq", q, p, beta=0.99),
         adam_step=apply("adam_step", q, a * 0.1 + q, p, lr, c1, c2, eps=1e-8, wd=0.01),
         big=jg.exp(jg.relu(big + bias)), reshape=jg.reshape(a, (5, 7)) * 2.0,
-        checkpoint=apply("checkpoint", a) + 1.0,
+        checkpoint=apply("checkpoint", a) + 1.0, round_f16=jg.round_f16(a * 1e3),
     )
     g.output(**o)
     return g

@@ -11,4 +11,5 @@ from .shape import (  # noqa: F401
 from .nn import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 from .marks import checkpoint  # noqa: F401
+from .f16 import round_f16  # noqa: F401
 from . import update as _update  # noqa: F401  (registers the fused optimizer-update ops)

@@ -1,0 +1,398 @@
+"""Llama models in llama.cpp's GGUF layout: the config (`llama.*` metadata), weights (read: F32,
+F16, BF16, Q8_0 and the other types gguf.quants dequantizes; written: F32, F16 or Q8_0), the
+tokenizer (jitgraph.tokenizer), and the forward graph llama.cpp's build_llama computes.
+
+Params carry the GGUF tensor names and numpy layout: a GGUF tensor of ggml shape [ne0, ne1] is a
+row-major array of shape (ne1, ne0), so a projection `blk.N.attn_q.weight` is [out, in] and is
+applied as x @ W^T (matmul tb=True), exactly as ggml_mul_mat(W, x). `token_embd.weight` is
+[vocab, dim]; `output.weight` [vocab, dim] is absent when the output is tied to the embedding.
+
+The forward graph (llama_forward): tokens i32[batch, seq] and pos i32[seq] (rope positions,
+normally 0..seq-1) -> logits f32[batch, seq, vocab]. Per layer: h += Wo attn(rope(Wq x),
+rope(Wk x), Wv x) with x = rms_norm(h) * attn_norm; h += Wdown (silu(Wgate x) * Wup x) with x =
+rms_norm(h) * ffn_norm; then rms_norm * output_norm and the output projection. Rope is llama.cpp's
+NORM mode (LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i], x[2i+1]), angle pos * base^(-2i/n_rot)) on
+the first rope_dims of each head (the rest pass through); attention is causal, scaled by
+1/sqrt(head_dim), with kv_heads < heads (GQA) sharing each K/V head between heads/kv_heads
+consecutive query heads (query head h reads kv head h // (heads / kv_heads), as ggml broadcasts).
+"""
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import init, ops
+from ..ir import Graph
+from ..ops.f16 import round_f16
+from ..types import ShapeError
+
+ARCH = "llama"
+_KEYS = {   # LlamaConfig field -> GGUF key (llama.<...>)
+    "dim": "llama.embedding_length", "layers": "llama.block_count",
+    "heads": "llama.attention.head_count", "kv_heads": "llama.attention.head_count_kv",
+    "ff": "llama.feed_forward_length", "rope_base": "llama.rope.freq_base",
+    "rope_dims": "llama.rope.dimension_count", "rms_eps": "llama.attention.layer_norm_rms_epsilon",
+    "ctx": "llama.context_length", "vocab": "llama.vocab_size",
+}
+_LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                  "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int | None = None         # None: = heads (no GQA)
+    ff: int | None = None               # None: llama's 2/3 * 4 * dim rounded up to 32
+    rope_base: float = 10000.0
+    rope_dims: int | None = None        # None: the whole head
+    rms_eps: float = 1e-5
+    ctx: int = 2048
+    tied: bool = False                  # output projection = token_embd (no output.weight)
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)   # noqa: E731 (frozen dataclass)
+        if self.kv_heads is None:
+            set_("kv_heads", self.heads)
+        if self.ff is None:
+            set_("ff", 32 * -(-int(8 * self.dim / 3) // 32))
+        if self.rope_dims is None:
+            set_("rope_dims", self.dim // max(self.heads, 1))
+        for k in ("vocab", "dim", "layers", "heads", "kv_heads", "ff", "rope_dims", "ctx"):
+            set_(k, int(getattr(self, k)))
+        set_("rope_base", float(np.float32(self.rope_base)))   # GGUF and llama.cpp: float32
+        set_("rms_eps", float(np.float32(self.rms_eps)))
+        set_("tied", bool(self.tied))
+        bad = [k for k in ("vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx")
+               if getattr(self, k) < 1]
+        if bad:
+            raise ShapeError(f"LlamaConfig: {', '.join(f'{k}={getattr(self, k)}' for k in bad)} "
+                             f"must be >= 1")
+        if self.dim % self.heads or self.heads % self.kv_heads:
+            raise ShapeError(f"LlamaConfig: dim {self.dim} must split into heads {self.heads}, "
+                             f"and heads into kv_heads {self.kv_heads} groups")
+        if self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim:
+            raise ShapeError(f"LlamaConfig: rope_dims {self.rope_dims} must be even and in "
+                             f"(0, head_dim={self.head_dim}]")
+        if not (self.rope_base > 0 and self.rms_eps > 0):
+            raise ShapeError(f"LlamaConfig: rope_base {self.rope_base} and rms_eps "
+                             f"{self.rms_eps} must be > 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.head_dim * self.kv_heads
+
+    # ---- GGUF metadata ---------------------------------------------------------------------
+    @classmethod
+    def from_metadata(cls, md: dict, tensors: dict | None = None) -> "LlamaConfig":
+        """From GGUF metadata {key: value}; `tensors` ({name: ggml shape}) supplies the vocabulary
+        size (token_embd) when llama.vocab_size is absent and says whether output is tied."""
+        arch = md.get("general.architecture")
+        if arch != ARCH:
+            raise ValueError(f"not a llama model: general.architecture is {arch!r}")
+        need = [k for f, k in _KEYS.items()
+                if f in ("dim", "layers", "heads", "ff") and k not in md]
+        if need:
+            raise ValueError(f"llama metadata lacks {', '.join(need)}")
+        kw = {f: md[k] for f, k in _KEYS.items() if k in md}
+        if "vocab" not in kw:
+            if tensors and "token_embd.weight" in tensors:
+                kw["vocab"] = int(tensors["token_embd.weight"][1])
+            elif "tokenizer.ggml.tokens" in md:
+                kw["vocab"] = len(md["tokenizer.ggml.tokens"])
+            else:
+                raise ValueError("llama metadata: no llama.vocab_size, token_embd or tokenizer")
+        if int(md.get("llama.expert_count", 0) or 0) > 0:
+            raise ValueError("llama: mixture-of-experts models (llama.expert_count) are not "
+                             "supported")
+        if md.get("llama.rope.scaling.type", "none") != "none":
+            raise ValueError(f"llama: rope scaling {md['llama.rope.scaling.type']!r} is not "
+                             f"supported")
+        for k in ("llama.attention.key_length", "llama.attention.value_length"):
+            if k in md and int(md[k]) != int(kw["dim"]) // int(kw["heads"]):
+                raise ValueError(f"llama: {k} {md[k]} != embedding_length / head_count; not "
+                                 f"supported")
+        if tensors is not None:
+            kw["tied"] = "output.weight" not in tensors
+        return cls(**kw)
+
+    def metadata(self) -> dict:
+        """{GGUF key: value} (the writer stores counts as UINT32, the floats as FLOAT32)."""
+        return {k: getattr(self, f) for f, k in _KEYS.items()}
+
+    def to_gguf(self, writer) -> None:
+        """Add the llama.* keys to a gguf.GGUFWriter."""
+        for k, v in self.metadata().items():
+            if isinstance(v, float):
+                writer.add_float32(k, v)
+            else:
+                writer.add_uint32(k, int(v))
+
+    # ---- params ----------------------------------------------------------------------------
+    def param_shapes(self) -> dict:
+        """{name: numpy shape} of every weight, GGUF names and layout."""
+        d, kv, ff, v = self.dim, self.kv_dim, self.ff, self.vocab
+        shapes = {"token_embd.weight": (v, d)}
+        for i in range(self.layers):
+            p = f"blk.{i}."
+            shapes.update({p + "attn_norm.weight": (d,), p + "attn_q.weight": (d, d),
+                           p + "attn_k.weight": (kv, d), p + "attn_v.weight": (kv, d),
+                           p + "attn_output.weight": (d, d), p + "ffn_norm.weight": (d,),
+                           p + "ffn_gate.weight": (ff, d), p + "ffn_up.weight": (ff, d),
+                           p + "ffn_down.weight": (d, ff)})
+        shapes["output_norm.weight"] = (d,)
+        if not self.tied:
+            shapes["output.weight"] = (v, d)
+        return shapes
+
+
+# ---- the forward graph -------------------------------------------------------------------------
+def _w(g, name, shape, dtype):
+    is_norm = name.endswith("norm.weight")
+    return g.param(name, shape, dtype, init=init.ones() if is_norm else init.normal(0.0, 0.02))
+
+
+def _rope(cfg, t, pos):
+    """llama.cpp NORM rope over the first rope_dims of t [B, S, H, hd]."""
+    hd, rd = t.shape[-1], cfg.rope_dims
+    if rd == hd:
+        return ops.rope(t, pos, theta=cfg.rope_base, mode="normal")
+    rot = ops.rope(ops.slice(t, None, None, None, (0, rd)), pos, theta=cfg.rope_base,
+                   mode="normal")
+    return ops.concat([rot, ops.slice(t, None, None, None, (rd, hd))], axis=-1)
+
+
+def _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16):
+    d, hd, h, hkv = cfg.dim, cfg.head_dim, cfg.heads, cfg.kv_heads
+    rep = h // hkv
+    shapes = cfg.param_shapes()
+
+    def proj(name, heads, rotate):
+        t = ops.matmul(x, _w(g, p + name, shapes[p + name], dtype), tb=True)
+        t = ops.reshape(t, (batch, seq, heads, hd))
+        t = _rope(cfg, t, pos) if rotate else t
+        return ops.permute(t, (0, 2, 1, 3))                         # [B, heads, S, hd]
+
+    q = proj("attn_q.weight", h, True)
+    k = proj("attn_k.weight", hkv, True)
+    v = proj("attn_v.weight", hkv, False)
+    f16 = round_f16 if kv_f16 else (lambda t: t)
+    q, k, v = f16(q), f16(k), f16(v)
+    # GQA without copies: the `rep` query heads of one kv head are stacked along the rows
+    q = ops.reshape(q, (batch, hkv, rep * seq, hd))
+    kq = ops.scale(ops.matmul(q, k, tb=True), 1.0 / math.sqrt(hd))  # [B, Hkv, rep*S, S]
+    kq = ops.softmax(ops.causal_mask(ops.reshape(kq, (batch, h, seq, seq))))
+    att = ops.matmul(f16(ops.reshape(kq, (batch, hkv, rep * seq, seq))), v)  # [B,Hkv,rep*S,hd]
+    att = ops.permute(ops.reshape(att, (batch, h, seq, hd)), (0, 2, 1, 3))
+    att = ops.reshape(att, (batch * seq, d))
+    return ops.matmul(att, _w(g, p + "attn_output.weight", (d, d), dtype), tb=True)
+
+
+def _ffn(g, cfg, p, x, dtype):
+    d, ff = cfg.dim, cfg.ff
+    gate = ops.matmul(x, _w(g, p + "ffn_gate.weight", (ff, d), dtype), tb=True)
+    up = ops.matmul(x, _w(g, p + "ffn_up.weight", (ff, d), dtype), tb=True)
+    return ops.matmul(ops.silu(gate) * up, _w(g, p + "ffn_down.weight", (d, ff), dtype), tb=True)
+
+
+def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
+                  name: str = "llama", labels: bool = False, kv_f16: bool = False) -> Graph:
+    """The forward graph: inputs tokens i32[batch, seq], pos i32[seq]; output logits
+    f32[batch, seq, vocab]. labels=True adds input labels i32[batch, seq] and output loss (mean
+    cross-entropy of the next-token predictions) for training.
+
+    kv_f16=True reproduces llama.cpp's default F16 KV cache: K and V are rounded to float16, and
+    so are the queries and the softmax probabilities, which ggml converts to F16 to multiply them
+    with the cache (ops.f16.round_f16). llama.cpp's logits then agree to ~1e-5 (without:
+    ~2e-3 on stories260K)."""
+    if batch < 1 or seq < 1:
+        raise ShapeError(f"llama_forward: batch {batch} and seq {seq} must be >= 1")
+    g = Graph(name)
+    rows, d = batch * seq, cfg.dim
+    tokens = g.input("tokens", (batch, seq), "i32")
+    pos = g.input("pos", (seq,), "i32")
+    embd = _w(g, "token_embd.weight", (cfg.vocab, d), dtype)
+    h = ops.get_rows(embd, ops.reshape(tokens, (rows,)))             # [B*S, D]
+    for i in range(cfg.layers):
+        p = f"blk.{i}."
+        x = ops.rms_norm(h, _w(g, p + "attn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
+        h = h + _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16)
+        x = ops.rms_norm(h, _w(g, p + "ffn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
+        h = h + _ffn(g, cfg, p, x, dtype)
+    h = ops.rms_norm(h, _w(g, "output_norm.weight", (d,), dtype), eps=cfg.rms_eps)
+    out_w = embd if cfg.tied else _w(g, "output.weight", (cfg.vocab, d), dtype)
+    logits = ops.matmul(h, out_w, tb=True)                           # [B*S, vocab]
+    outs = {"logits": ops.reshape(logits, (batch, seq, cfg.vocab))}
+    if labels:
+        lab = ops.reshape(g.input("labels", (batch, seq), "i32"), (rows,))
+        outs["loss"] = ops.cross_entropy(logits, lab)
+    g.output(**outs)
+    return g
+
+
+def llama_inputs(tokens, seq: int | None = None, pad: int = 0) -> dict:
+    """Inputs for llama_forward from token rows (a list of id lists, or one list): right-padded
+    with `pad` to `seq` (default: the longest row), pos = 0..seq-1. Padding after a row's tokens
+    does not change their logits (the attention is causal)."""
+    rows = [list(tokens)] if tokens and np.isscalar(tokens[0]) else [list(r) for r in tokens]
+    seq = seq or max(len(r) for r in rows)
+    if any(len(r) > seq for r in rows):
+        raise ValueError(f"llama_inputs: a row is longer than seq={seq}")
+    t = np.full((len(rows), seq), pad, np.int32)
+    for i, r in enumerate(rows):
+        t[i, :len(r)] = r
+    return {"tokens": t, "pos": np.arange(seq, dtype=np.int32)}
+
+
+def greedy(logits_fn, prompts, n: int, seq: int, eos: int | None = None) -> list:
+    """Greedy continuation of each prompt (id lists) by `n` tokens (fewer after `eos`), recomputing
+    the whole padded sequence each step: logits_fn(inputs dict) -> logits [rows, seq, vocab] for
+    llama_inputs(rows, seq). Returns the new ids of each prompt."""
+    rows = [list(p) for p in prompts]
+    new = [[] for _ in rows]
+    done = [False] * len(rows)
+    for _ in range(n):
+        logits = logits_fn(llama_inputs(rows, seq))
+        for i, r in enumerate(rows):
+            if done[i]:
+                continue
+            if len(r) >= seq:
+                raise ValueError(f"greedy: sequence {i} reached seq={seq}")
+            tok = int(np.argmax(logits[i, len(r) - 1]))
+            r.append(tok)
+            new[i].append(tok)
+            done[i] = eos is not None and tok == eos
+        if all(done):
+            break
+    return new
+
+
+# ---- GGUF files --------------------------------------------------------------------------------
+def _dequantize(t) -> np.ndarray:
+    import gguf
+    shape = tuple(int(n) for n in reversed(list(t.shape)))
+    if t.tensor_type == gguf.GGMLQuantizationType.F32:
+        a = np.array(t.data, np.float32)
+    elif t.tensor_type in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F64):
+        a = np.asarray(t.data).astype(np.float32)
+    else:
+        try:
+            a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        except (NotImplementedError, gguf.quants.QuantError, KeyError) as e:
+            raise ValueError(f"tensor {t.name}: cannot read type {t.tensor_type.name} ({e})") \
+                from None
+    return np.ascontiguousarray(a.reshape(shape))
+
+
+def read_llama(path):
+    """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
+    llama.cpp GGUF model. The header is bounds-checked first (a malformed file raises
+    jitgraph.ModelFormatError naming it)."""
+    import gguf
+
+    from .. import gguf_io
+    from ..errors import ModelFormatError
+    from ..tokenizer import Tokenizer
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        gguf_io._header(f, path)              # every count and extent checked against the size
+    try:
+        r = gguf.GGUFReader(path)
+        md = {k: fl.contents() for k, fl in r.fields.items()}
+        ne = {t.name: [int(n) for n in t.shape] for t in r.tensors}
+        cfg = LlamaConfig.from_metadata(md, ne)
+        want = cfg.param_shapes()
+        missing = [k for k in want if k not in ne]
+        if missing:
+            raise ValueError(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        extra = [k for k in ne if k not in want]
+        if extra:       # e.g. rope_freqs (llama 3.1 rope scaling), attention biases, experts
+            raise ValueError(f"tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} are not "
+                             f"supported by this llama graph")
+        params = {}
+        for t in r.tensors:
+            if t.name not in want:
+                continue
+            a = _dequantize(t)
+            if a.shape != want[t.name]:
+                raise ValueError(f"tensor {t.name} has shape {a.shape} (numpy order), the config "
+                                 f"says {want[t.name]}")
+            params[t.name] = a
+        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") == "llama" else None
+    except (ValueError, TypeError, ShapeError) as e:
+        raise ModelFormatError(f"{path}: {e}") from None
+    return cfg, params, tok
+
+
+_FTYPES = {"f32": 0, "f16": 1, "q8_0": 7}     # llama_ftype (general.file_type)
+
+
+def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str = "f32",
+                name: str | None = None) -> None:
+    """A llama.cpp-loadable GGUF: general.*, llama.* (cfg), tokenizer.* (if given) and the
+    weights under their GGUF names. ftype "f16" / "q8_0" stores the 2-D weights so (Q8_0 needs
+    rows a multiple of 32 long; other 2-D weights fall back to F16), the norms stay F32.
+    Written atomically: a temporary file in the same directory, fsync, os.replace."""
+    import gguf
+    if ftype not in _FTYPES:
+        raise ValueError(f"write_llama: ftype must be one of {sorted(_FTYPES)}, got {ftype!r}")
+    want = cfg.param_shapes()
+    missing = [k for k in want if k not in params]
+    if missing:
+        raise ValueError(f"write_llama: params lack {missing[:5]}")
+    for k, shp in want.items():
+        if np.shape(params[k]) != shp:
+            raise ValueError(f"write_llama: {k} has shape {np.shape(params[k])}, expected {shp}")
+    if tokenizer is not None and len(tokenizer) != cfg.vocab:
+        raise ValueError(f"write_llama: tokenizer has {len(tokenizer)} tokens, config vocab "
+                         f"{cfg.vocab}")
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    w = None
+    try:
+        w = gguf.GGUFWriter(tmp, ARCH)
+        w.add_name(name or "llama")
+        w.add_file_type(_FTYPES[ftype])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        cfg.to_gguf(w)
+        if tokenizer is not None:
+            tokenizer.write_gguf(w)
+        for k in want:
+            a = np.ascontiguousarray(params[k], np.float32)
+            if a.ndim == 2 and ftype == "q8_0" and a.shape[1] % 32 == 0:
+                q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+                w.add_tensor(k, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            elif a.ndim == 2 and ftype != "f32":
+                w.add_tensor(k, a.astype(np.float16))
+            else:
+                w.add_tensor(k, a)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp is not None:                   # failed or interrupted: no partial file is left
+            for f in (getattr(w, "fout", None) or ()):
+                try:
+                    f.close()
+                except Exception:
+                    pass
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
