@@ -19,9 +19,9 @@ def profile(prog, inputs, repeat=20, in_order=False):
     prog.step(**inputs)
     regions = {"arena": prog._arena.ctypes.data, "persist": prog._persist.ctypes.data}
     calls = []
-    for nid, name, addrs in prog._gen.calls:
+    for nid, name, addrs in prog._products.module.calls:
         fn = getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes
-        k = next(k for k in prog._state.kernels.kernels if k.root == nid)
+        k = next(k for k in prog._products.kernels.kernels if k.root == nid)
         what = " ".join(f"%{i} {prog.graph.nodes[i].op}" for i in k.nodes)
         calls.append((fn, [regions[r] + off for r, off in addrs],
                       f"{what} : {prog.graph.nodes[nid].type}"))

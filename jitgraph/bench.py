@@ -188,6 +188,35 @@ def checkpoint_curve(names=None, repeat=None, json_path=None, quick=False, budge
     return rows
 
 
+SAFETY = {"unchecked": dict(check_indices=False), "indices": {},
+          "finite": dict(check_finite=True)}
+
+
+def safety_costs(names=None, repeat=None, json_path=None, quick=False, out=None) -> list:
+    """What the step's checks cost (workloads.SAFETY: the MNIST training steps): each workload
+    compiled without the index range check (`unchecked`), as by default (`indices`: labels
+    checked before the step) and with check_finite (`finite`: the guard pass), timed taking
+    turns; ratios are against `unchecked`."""
+    rows = []
+    for w, info, repeat, warmup in _workloads(names, "SAFETY", quick, repeat):
+        row = dict(info)
+        _log(f"bench: {info['workload']} safety checks")
+        try:
+            progs = {tag: _compile(w, **opts) for tag, opts in SAFETY.items()}
+            times = time_steps(list(progs.values()), w.feeds, repeat, warmup)
+            for (tag, prog), t in zip(progs.items(), times):
+                row[tag] = {**_stats(prog), **t}
+            for tag in ("indices", "finite"):
+                row[f"{tag}_ratio"] = row[tag]["median_s"] / row["unchecked"]["median_s"]
+        except Exception as e:
+            row["error"] = _error(e)
+        rows.append(row)
+    print(format_safety(rows), file=out)
+    if json_path:
+        write_json(json_path, {"safety": rows})
+    return rows
+
+
 # ---- output ------------------------------------------------------------------------------------
 def _ms(s):
     return "-" if s is None else f"{s * 1e3:.3f}"
@@ -223,6 +252,20 @@ def format_fusion(rows) -> str:
     header = ["workload", "unfused ms", "fused ms", "ratio", "gemm ms", "bound", "kernels",
               "bytes moved"]
     return "\n".join([_table(header, lines), *[f"FAILED {e}" for e in errors]])
+
+
+def format_safety(rows) -> str:
+    lines = []
+    for r in rows:
+        if "error" in r:
+            lines.append([r["workload"], "-", "-", "-", "-", "-", r["error"][:100]])
+            continue
+        lines.append([r["workload"], *(_ms(r[t]["median_s"]) for t in SAFETY),
+                      f"{r['indices_ratio']:.3f}x", f"{r['finite_ratio']:.3f}x",
+                      _mb(r["finite"]["arena_bytes"] - r["unchecked"]["arena_bytes"])])
+    header = ["workload", "unchecked ms", "+indices ms", "+check_finite ms", "indices",
+              "check_finite", "arena +"]
+    return _table(header, lines)
 
 
 def _policy(row):
@@ -321,8 +364,12 @@ def main(argv=None) -> int:
                    help=f"run only these workloads (of {names}); default: the whole suite")
     p.add_argument("--repeat", type=_int_at_least(1), metavar="N",
                    help="timed steps per configuration; default: 10, 3 with --quick")
-    p.add_argument("--checkpoint-curve", action="store_true",
-                   help="measure the checkpointing curve instead of fused against unfused")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--checkpoint-curve", action="store_true",
+                      help="measure the checkpointing curve instead of fused against unfused")
+    mode.add_argument("--safety", action="store_true",
+                      help="measure what the step's checks cost (index range check, "
+                           "check_finite) on the MNIST training steps")
     args = p.parse_args(argv)
     known = load_workloads().WORKLOADS
     unknown = [n for n in args.only or () if n not in known]
@@ -334,7 +381,8 @@ def main(argv=None) -> int:
             check_writable(args.json, "--json")
         except OSError as e:
             p.error(str(e))
-    run = checkpoint_curve if args.checkpoint_curve else run_suite
+    run = checkpoint_curve if args.checkpoint_curve else safety_costs if args.safety else \
+        run_suite
     rows = run(args.only, args.repeat, args.json, args.quick)
     print(describe_environment(environment()))
     # an infeasible budget is a result of the curve, not a failure of the run

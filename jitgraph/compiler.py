@@ -1,5 +1,15 @@
-"""`jitgraph.compile`: graph -> pipeline of passes -> numba kernels -> a runnable Program."""
+"""`jitgraph.compile`: the compiler drives. It runs the pipeline of passes on the graph
+(passes/pipeline.py), then the target's backend (runtime/backend.py) generates and builds the
+code, and hands the products to a Program (runtime/executor.py), which only runs them.
+
+With JITGRAPH_CHECK_PLANS=1 every memory plan is verified (passes/memory_check.py) before code
+is generated for it.
+"""
 from __future__ import annotations
+
+import os
+import time
+from functools import partial
 
 
 def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memory=True,
@@ -23,13 +33,54 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     copy_outputs: `step` returns fresh arrays (True) or read-only views of the program's own
     buffers (False): no copy, but a view is valid only until the next `step` overwrites it.
     """
-    if target != "cpu":
-        raise ValueError(f"compile: unknown target {target!r}; expected 'cpu'")
-    from .runtime.cpu.threading import configure
-    configure()
     from .passes.pipeline import Options
-    from .runtime.executor import Program
+    from .runtime.backend import get_backend
+    backend = get_backend(target)
     opts = Options(loss=loss, optimizer=optimizer, fuse=fuse, plan_memory=plan_memory,
                    checkpoint=checkpoint, check_finite=check_finite)
-    return Program(graph, opts, seed=seed, copy_outputs=copy_outputs,
-                   check_indices=check_indices)
+    return build_program(graph, opts, backend, seed=seed, copy_outputs=copy_outputs,
+                         check_indices=check_indices)
+
+
+def build_program(source, options, backend, *, seed=0, persist=None, copy_outputs=True,
+                  check_indices=True):
+    """The Program running `source` compiled with `options` (passes/pipeline.py Options) by
+    `backend`; `persist`: another program's persistent region to share (the evaluator's)."""
+    from .runtime.executor import Program
+    return Program(source, options, build(source, options, backend), seed=seed, persist=persist,
+                   copy_outputs=copy_outputs, check_indices=check_indices,
+                   compiler=partial(build_program, backend=backend))
+
+
+def build(source, options, backend):
+    """Pipeline, then the backend's code generation and module build: the Products."""
+    from .passes.guard import FLAG
+    from .passes.pipeline import dump, run_pipeline
+    from .runtime.executor import Products
+    t0 = time.perf_counter()
+    st = run_pipeline(source, options)
+    if os.environ.get("JITGRAPH_CHECK_PLANS") == "1":
+        from .passes.memory_check import check_plan
+        check_plan(st.kernels, st.memory)
+    kinds = {k.kind for k in st.kernels.kernels} - backend.kinds
+    if kinds:
+        raise NotImplementedError(f"compile: the {backend.name} backend lowers no "
+                                  f"{', '.join(sorted(kinds))} kernels; compile with fuse=False")
+    t1 = time.perf_counter()
+    module, st.ir["kernels"] = backend.generate(st.kernels, st.memory)
+    dump("kernels", st.ir["kernels"])
+    t2 = time.perf_counter()
+    driver, built = backend.build(module)
+    t3 = time.perf_counter()
+    g, opt = st.graph, options.optimizer
+    stats = {"kernels": len(st.kernels.kernels), **built, "compile_seconds": t3 - t0,
+             "stage_seconds": {**st.timings, "lower": t2 - t1},
+             "bytes_moved": st.kernels.bytes_moved(), "arena_bytes": st.memory.arena_bytes,
+             "persistent_bytes": st.memory.persist_bytes, "memory": st.memory.summary()}
+    return Products(
+        g, st.kernels, st.memory, backend, module, driver,
+        outputs=tuple(k for k in g.outputs if (opt is None or k in source.outputs)
+                      and not k.startswith(FLAG)),
+        nonfinite=FLAG if FLAG in g.outputs else None,
+        checks={k: k[len(FLAG) + 1:] for k in g.outputs if k.startswith(FLAG + "/")},
+        ir=st.ir, reports=st.reports, stats=stats)

@@ -1,10 +1,10 @@
-"""The IR: immutable nodes in a static SSA graph, and the symbolic tensors users build it with."""
+"""The IR: immutable nodes in a static SSA graph, the symbolic tensors users build it with, and
+the graph queries and the one rebuild every pass uses (`rebuild`, `live_nodes`, `base`)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,8 +45,8 @@ LEAF_OPS = ("input", "param")
 class Graph:
     """A static graph: named inputs and params, computed nodes in topological order, named outputs.
 
-    Nodes are appended by the op functions (jg.relu, x @ w, ...); passes build new graphs with
-    `copy()` and append to the copy. Node ids are positions in `nodes`.
+    Nodes are appended by the op functions (jg.relu, x @ w, ...); a pass builds its new graph
+    with `rebuild` (or appends to a `copy()`). Node ids are positions in `nodes`.
     """
 
     def __init__(self, name: str = "graph"):
@@ -117,9 +117,13 @@ class Graph:
                 raise ShapeError(f"{op}: operand {t.label} belongs to graph {t.graph.name}, "
                                  f"not {self.name}")
             ids.append(t.id)
-        node = self.make_node(op, ids, attrs or {})
+        return Tensor(self, self.emit(op, ids, attrs or {}))
+
+    def emit(self, op: str, ids, attrs) -> int:
+        """Append op over existing node ids, type-checked as `add`; returns the new node's id."""
+        node = self.make_node(op, ids, attrs)
         self.nodes.append(node)
-        return Tensor(self, node.id)
+        return node.id
 
     def make_node(self, op, ids, attrs, node_id=None) -> Node:
         """Type-check op over existing node ids; returns the Node without appending it."""
@@ -205,6 +209,73 @@ class Graph:
     def from_json(text: str) -> "Graph":
         from .serialize import graph_from_json
         return graph_from_json(text)
+
+
+# ---- rebuilding: how a pass makes a new graph --------------------------------------------------
+def rebuild(graph: Graph, rule=None, name=None) -> tuple[Graph, dict]:
+    """A new graph made from `graph` node by node, in order; returns it and the map old id ->
+    new id.
+
+    `rule(g, node, new)` decides each node: `g` is the graph being built, `new` the map so far.
+    It returns the id in `g` that holds the node's value from now on (a node it appended:
+    `copy_node`, `g.emit`; or one already there, e.g. an equal node or an operand the node was a
+    no-op of) or None to leave the node out. The default rule copies every node. Inits are
+    copied; outputs and updates follow the map, so they must not point at a node left out.
+    """
+    rule = rule or copy_node
+    g = Graph(name or graph.name)
+    g.inits = dict(graph.inits)
+    new = {}
+    for n in graph.nodes:
+        nid = rule(g, n, new)
+        if nid is not None:
+            new[n.id] = nid
+    for src, dst in ((graph.outputs, g.outputs), (graph.updates, g.updates)):
+        for k, i in src.items():
+            if i not in new:
+                raise ValueError(f"rebuild {graph.name}: {k!r} reads %{i}, which was left out")
+            dst[k] = new[i]
+    return g, new
+
+
+def copy_node(g: Graph, n: Node, new: dict) -> int:
+    """The default `rebuild` rule: append node `n` of another graph to `g` with its operands
+    mapped by `new` (same op, attributes and type; leaves keep their names). Returns its id."""
+    missing = [i for i in n.inputs if i not in new]
+    if missing:
+        raise ValueError(f"rebuild {g.name}: %{n.id} = {n.op} reads %{missing[0]}, which was "
+                         f"left out")
+    node = replace(n, id=len(g.nodes), inputs=tuple(new[i] for i in n.inputs))
+    g.nodes.append(node)
+    if n.op in LEAF_OPS:
+        (g.inputs if n.op == "input" else g.params)[n.attr["name"]] = node.id
+    return node.id
+
+
+# ---- graph queries ------------------------------------------------------------------------------
+def op_kind(op: str) -> str:
+    """The op's kernel form (jitgraph/ops/registry.py); "leaf" for inputs and params."""
+    return "leaf" if op in LEAF_OPS else get_op(op).kind
+
+
+def base(graph: Graph, nid: int) -> int:
+    """The node whose buffer value `nid` lives in (follows views)."""
+    while op_kind(graph.nodes[nid].op) == "view":
+        nid = graph.nodes[nid].inputs[0]
+    return nid
+
+
+def live_nodes(graph: Graph, roots=None) -> frozenset:
+    """Nodes reachable backwards from `roots` (default: the outputs and the updates)."""
+    todo = list(graph.outputs.values()) + list(graph.updates.values()) if roots is None else \
+        list(roots)
+    seen = set()
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            todo.extend(graph.nodes[i].inputs)
+    return frozenset(seen)
 
 
 def _graph_of(*xs):

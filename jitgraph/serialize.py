@@ -116,7 +116,7 @@ def graph_from_json(text) -> "Graph":
                     g.inits[name] = _init.from_spec(inits[name])
                 else:
                     _expect(set(attrs) == {"name"}, f"node {pos}: input {name!r} has extra attributes")
-                g._append(op, (), a, t)
+                g.nodes.append(Node(pos, op, (), tuple(sorted(a.items())), t))
                 table_g = g.inputs if op == "input" else g.params
                 table_g[name] = pos
                 continue

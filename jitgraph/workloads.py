@@ -29,6 +29,7 @@ FUSION = ("ew_chain", "ew_chain_math", "softmax", "softmax_op", "layer_norm", "l
           "gemm_bias_gelu", "mnist_mlp_b100", "mnist_mlp_b1000", "mnist_cnn_b100",
           "transformer_block")
 CHECKPOINT = ("deep_mlp", "transformer_4l")
+SAFETY = ("mnist_mlp_b100", "mnist_mlp_b1000", "mnist_cnn_b100")   # jitgraph bench --safety
 
 
 class Workload(NamedTuple):

@@ -21,57 +21,49 @@ Policies:
                    budget at the least recomputation: first only cheap ops are recomputed (never
                    a matmul or conv2d while that suffices), cheapest per byte first; then segments
 The automatic policies ignore jg.checkpoint marks (and remove them).
-The memory measure (`arena_peak`) is the arena the rest of the pipeline will plan: kernels as
-passes/fuse.py groups them (`fuse`), ordered by passes/schedule.py, packed by passes/memory.py.
+The memory measure (`arena_peak`) is the arena the rest of the pipeline will plan:
+passes/pipeline.py's `plan` (fuse -> schedule -> memory) with the program's options.
 """
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
-from jitgraph.ir import LEAF_OPS, Graph
+from jitgraph.ir import LEAF_OPS, copy_node, live_nodes, op_kind, rebuild
+from jitgraph.ops.registry import cost as op_cost, get_op
 
-from .fuse import group_kernels, live_nodes, op_kind
-from .memory import plan_memory
-from .schedule import reorder
 from .report import Report
 
-EXPENSIVE = ("matmul", "conv2d")   # recomputed only when recomputing cheap ops cannot fit
+def expensive(n) -> bool:
+    """Whether node n's op is not cheap to recompute (a GEMM, a convolution): such nodes are
+    recomputed only when recomputing cheap ops cannot fit."""
+    return n.op not in LEAF_OPS and not get_op(n.op).cheap
 
 
 def flops(graph, n) -> int:
-    """Estimated cost of computing node n: 2MNK per GEMM, one per element otherwise."""
-    size = n.type.size
-    if n.op == "matmul":
-        x = graph.nodes[n.inputs[0]]
-        return 2 * size * x.type.shape[-2 if n.attr["ta"] else -1]
-    if n.op == "conv2d":
-        w = graph.nodes[n.inputs[1]].type
-        return 2 * size * (w.size // w.shape[0])
-    kind = op_kind(n.op)
-    if kind == "view":
-        return 0
-    if kind == "elementwise" or not n.inputs:
-        return size
-    return sum(graph.nodes[i].type.size for i in n.inputs)
+    """Estimated cost of computing node n: its op's flops (jitgraph/ops/registry.py `cost`:
+    2MNK per GEMM, one per element otherwise)."""
+    return n.type.size if n.op in LEAF_OPS else op_cost(graph, n).flops
 
 
-def arena_peak(graph, fuse=True) -> int:
-    """The arena bytes the rest of the pipeline plans for `graph`: its kernels (passes/fuse.py)
-    in the order of passes/schedule.py, packed by passes/memory.py."""
-    return plan_memory(reorder(group_kernels(graph, fuse=fuse)[0]))[0].arena_bytes
+def arena_peak(graph, options=None) -> int:
+    """The arena bytes the rest of the pipeline plans for `graph` with `options` (the pipeline's
+    Options; default: fused, planned)."""
+    from .pipeline import Options, plan    # the pipeline runs this pass: imported at use
+    return plan(graph, options or Options()).memory.arena_bytes
 
 
-def checkpoint(graph, policy=None, loss: str = "loss", fuse: bool = True):
+def checkpoint(graph, policy=None, loss: str = "loss", options=None):
     """Return (graph with recomputation in the backward, Report). See the module docstring;
-    `fuse` is the fusion setting the program is compiled with (it changes the arena)."""
+    `options` are the pipeline's Options the program is compiled with (fusion and memory
+    planning change the arena)."""
     kind, arg = _parse(policy)
     g, marked = _strip_marks(graph)
     if kind == "none":
         return g.validate(), Report("checkpoint", {"policy": "none", "marks_removed":
                                                    len(graph.nodes) - len(g.nodes)})
-    fw = _Forward(g, loss, fuse)
-    peak0 = arena_peak(g, fuse)
+    fw = _Forward(g, loss, options)
+    peak0 = arena_peak(g, options)
     if kind == "marks":
         plan = fw.candidates - marked
     elif kind == "sqrt":
@@ -108,22 +100,15 @@ def _parse(policy):
 
 def _strip_marks(graph):
     """A copy without checkpoint marks (readers read the marked value); the marked value ids."""
-    g = Graph(graph.name)
-    g.inits = dict(graph.inits)
-    new, marked = {}, set()
-    for n in graph.nodes:
-        if n.op == "checkpoint":
-            new[n.id] = new[n.inputs[0]]
-            marked.add(new[n.id])
-        elif n.op in LEAF_OPS:
-            new[n.id] = _copy_leaf(g, n)
-        else:
-            node = g.make_node(n.op, [new[i] for i in n.inputs], n.attr)
-            g.nodes.append(node)
-            new[n.id] = node.id
-    g.outputs = {k: new[i] for k, i in graph.outputs.items()}
-    g.updates = {k: new[i] for k, i in graph.updates.items()}
-    return g, marked
+    marked = set()
+
+    def unmark(g, n, new):
+        if n.op != "checkpoint":
+            return copy_node(g, n, new)
+        marked.add(new[n.inputs[0]])
+        return new[n.inputs[0]]
+
+    return rebuild(graph, unmark)[0], marked
 
 
 class Cost(NamedTuple):
@@ -133,20 +118,14 @@ class Cost(NamedTuple):
     peak: int
 
 
-def _copy_leaf(g, n) -> int:
-    nid = g._append(n.op, (), n.attr, n.type).id
-    (g.inputs if n.op == "input" else g.params)[n.attr["name"]] = nid
-    return nid
-
-
 class _Forward:
     """The forward/backward split of a training graph and the plans over it."""
 
-    def __init__(self, g, loss, fuse=True):
+    def __init__(self, g, loss, options=None):
         if loss not in g.outputs:
             raise ValueError(f"checkpoint: graph {g.name} has no output {loss!r} (outputs: "
                              f"{', '.join(g.outputs) or 'none'}); run it after autodiff")
-        self.g, self.live, self.fuse = g, live_nodes(g), fuse
+        self.g, self.live, self.options = g, live_nodes(g), options
         fwd, todo = set(), [g.outputs[loss]]
         while todo:
             i = todo.pop()
@@ -191,16 +170,9 @@ class _Forward:
                 continue
             for i in n.inputs:                       # backward nodes and clones
                 (cloned if i in plan else need).add(i)
-        out = Graph(g.name)
-        out.inits = dict(g.inits)
-        new, clone, origin = {}, {}, {}
+        clone, origin = {}, {}
 
-        def emit(n, ins):
-            node = out.make_node(n.op, ins, n.attr)
-            out.nodes.append(node)
-            return node.id
-
-        def fetch(i):
+        def fetch(out, new, i):
             todo = [i]
             while todo:
                 j = todo[-1]
@@ -212,31 +184,29 @@ class _Forward:
                     todo.extend(missing)
                     continue
                 todo.pop()
-                clone[j] = emit(g.nodes[j], [clone[k] if k in plan else new[k]
-                                             for k in g.nodes[j].inputs])
+                clone[j] = copy_node(out, g.nodes[j], {k: clone[k] if k in plan else new[k]
+                                                       for k in g.nodes[j].inputs})
                 origin[clone[j]] = j
             return clone[i] if i in plan else new[i]
 
-        for n in g.nodes:
-            if n.op in LEAF_OPS:
-                new[n.id] = _copy_leaf(out, n)
-            elif n.id in self.forward:
-                if n.id in need:
-                    new[n.id] = emit(n, [new[i] for i in n.inputs])
-            elif n.id in self.live:
-                new[n.id] = emit(n, [fetch(i) for i in n.inputs])
-        out.outputs = {k: new[i] for k, i in g.outputs.items()}
-        out.updates = {k: new[i] for k, i in g.updates.items()}
-        return out, origin
+        def recompute(out, n, new):
+            """Leaves and needed forward nodes are copied; a backward node reads clones."""
+            if n.op in LEAF_OPS or (n.id in self.forward and n.id in need):
+                return copy_node(out, n, new)
+            if n.id in self.live and n.id not in self.forward:
+                return copy_node(out, n, {i: fetch(out, new, i) for i in n.inputs})
+            return None
+
+        return rebuild(g, recompute)[0], origin
 
     def evaluate(self, plan) -> "Cost":
         key = frozenset(plan)
         if key not in self._cache:
             out, origin = self.rebuild(key)
             nodes = [self.g.nodes[i] for i in origin.values()]
-            self._cache[key] = Cost(any(n.op in EXPENSIVE for n in nodes),
+            self._cache[key] = Cost(any(expensive(n) for n in nodes),
                                     sum(flops(self.g, n) for n in nodes),
-                                    arena_peak(out, self.fuse))
+                                    arena_peak(out, self.options))
         return self._cache[key]
 
     def _running_bytes(self):
@@ -326,7 +296,7 @@ class _Forward:
         g = self.g
         if peak0 <= budget:
             return frozenset()
-        cheap = sorted((i for i in self.candidates if g.nodes[i].op not in EXPENSIVE),
+        cheap = sorted((i for i in self.candidates if not expensive(g.nodes[i])),
                        key=lambda i: (flops(g, g.nodes[i]) / max(g.nodes[i].type.nbytes, 1), i))
         prefixes = [frozenset(cheap[:m]) for m in range(1, len(cheap) + 1)]
         fits = next(([p] for p in prefixes if self.evaluate(p).peak <= budget), [])
@@ -345,7 +315,7 @@ class _Forward:
 def _report(policy, fw, out, clones, peak0):
     g = fw.g
     extra = sum(flops(g, g.nodes[i]) for i in clones.values())
-    peak = arena_peak(out, fw.fuse)
+    peak = arena_peak(out, fw.options)
     rep = Report("checkpoint", {
         "policy": policy, "activations": len(fw.acts),
         "activation_bytes": sum(g.nodes[i].type.nbytes for i in fw.acts),

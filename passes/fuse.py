@@ -4,29 +4,32 @@ This pass only decides grouping; the backends lower each group (runtime/cpu/fuse
 (reshape, checkpoint marks) get no kernel: they alias their operand's buffer (passes/memory.py).
 With `fuse=False` every live computing node is its own kernel ("node"). With fusion, nodes are
 grouped greedily in graph order into these kinds (the kernel's `anchor` is its non-elementwise
-member, if any):
+member, if any), by the facts each op declares (jitgraph/ops/registry.py: its kind and the
+fusion roles it takes, never its name):
 
   elementwise  elementwise nodes of one shape (the domain), operands broadcast into it; the
                optimizer update kernel holds several domains, one loop each (the scalars
                it reads, bias corrections, are one tiny kernel of their own)
-  gemm         a 2-D matmul followed by elementwise nodes over its output (bias, activation,
-               residual, scale), applied right after the GEMM while its output is in cache;
+  gemm         a 2-D matmul (a contraction taking the epilogue and prologue roles) followed
+               by elementwise nodes over its output (bias, activation, residual, scale),
+               applied right after the GEMM while its output is in cache;
                and preceded by the elementwise group computing an operand (a prologue,
                e.g. relu(x) @ w or x @ (w * mask)) when nothing but the GEMM reads that
                group's values: the prologue writes the operand once into scratch space
                and the GEMM reads it there (BLAS needs it in memory), one kernel for two
-  rows         a row op over the last axis (softmax, log_softmax, rms_norm, layer_norm and
-               their *_back ops) with an elementwise prologue on its operands and an
-               elementwise epilogue on its result, all of the same shape
+  rows         an op of kind rows over the last axis (softmax, log_softmax, rms_norm,
+               layer_norm and their *_back ops) with an elementwise prologue on its operands
+               and an elementwise epilogue on its result, all of the same shape
   reduce       a reduction (sum, mean, max, ...) whose operand is an elementwise prologue
-  cross_entropy  cross_entropy with its cross_entropy_back (same logits and target): the
-               loss and its gradient from one pass over the logits
+  <op>         an op with its `pairs_with` op of the same first operands, the kernel named
+               after the latter: cross_entropy with its cross_entropy_back (same logits and
+               target), the loss and its gradient from one pass over the logits
   node         anything else, one node
 
 A value computed inside a kernel needs no buffer unless it is read outside it: `outputs` lists
 the members that are (graph outputs, updates, or operands of other kernels or of views);
 `KernelGraph.outputs_of(kernel)` is what the memory planner allocates. Intermediates are never
-recomputed across kernels, with one exception: `full` constants are inlined as literals into
+recomputed across kernels, with one exception: constants (`full`) are inlined as literals into
 every fused kernel that reads them (they cost nothing) and get a kernel of their own only when
 some reader needs a buffer. Fusion never merges two groups when a node outside them lies on a
 path between them (that would need the group to run both before and after that node, or
@@ -38,14 +41,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jitgraph.ir import LEAF_OPS
-from jitgraph.ops.registry import get_op
+from jitgraph.ir import base, live_nodes, op_kind
+from jitgraph.ops.registry import cost, get_op, row_axis
 
 from .report import Report
-
-ROW_OPS = ("softmax", "log_softmax", "softmax_back", "rms_norm", "layer_norm", "rms_norm_back",
-           "layer_norm_back")
-UPDATE_OPS = ("ema", "ema_sq", "adam_step")
 
 
 @dataclass(frozen=True)
@@ -85,10 +84,12 @@ class KernelGraph:
         return tuple(out)
 
     def bytes_moved(self) -> int:
-        """Bytes every kernel reads and writes across its boundary (inputs + outputs)."""
+        """Bytes every kernel reads and writes across its boundary (inputs + outputs); a kernel
+        of one node moves what its op's cost says (jitgraph/ops/registry.py)."""
         nodes = self.graph.nodes
-        return sum(nodes[i].type.nbytes for k in self.kernels
-                   for i in self.inputs_of(k) + self.outputs_of(k))
+        return sum(cost(self.graph, nodes[k.root]).bytes if k.kind == "node" else
+                   sum(nodes[i].type.nbytes for i in self.inputs_of(k) + self.outputs_of(k))
+                   for k in self.kernels)
 
     def __str__(self) -> str:
         g = self.graph
@@ -103,40 +104,21 @@ class KernelGraph:
         return "\n".join(lines)
 
 
-def op_kind(op: str) -> str:
-    """The op's kernel form; "leaf" for inputs and params."""
-    return "leaf" if op in LEAF_OPS else get_op(op).kind
-
-
-def base(graph, nid: int) -> int:
-    """The node whose buffer value `nid` lives in (follows views)."""
-    while op_kind(graph.nodes[nid].op) == "view":
-        nid = graph.nodes[nid].inputs[0]
-    return nid
-
-
 def forward_nodes(graph) -> frozenset:
     """Nodes the non-gradient outputs need (the forward pass): ancestors of every output except
     `grad/*` (passes/autodiff.py) and the updates."""
     return live_nodes(graph, [i for k, i in graph.outputs.items() if not k.startswith("grad/")])
 
 
-def live_nodes(graph, roots=None) -> frozenset:
-    """Nodes reachable backwards from `roots` (default: the outputs and the updates)."""
-    todo = list(graph.outputs.values()) + list(graph.updates.values()) if roots is None else \
-        list(roots)
-    seen = set()
-    while todo:
-        i = todo.pop()
-        if i not in seen:
-            seen.add(i)
-            todo.extend(graph.nodes[i].inputs)
-    return frozenset(seen)
+def roles(graph, nid) -> frozenset:
+    """The fusion roles node nid's op can take (jitgraph/ops/registry.py FUSION_ROLES)."""
+    return get_op(graph.nodes[nid].op).fusion
 
 
 def is_direct_gemm(graph, n) -> bool:
-    """A matmul the CPU backend runs as one 2-D GEMM (2-D w; x 2-D or batched rows)."""
-    if n.op != "matmul":
+    """A contraction taking an epilogue (matmul) that the CPU backend runs as one 2-D GEMM (2-D
+    w; x 2-D or batched rows)."""
+    if op_kind(n.op) != "contraction" or "epilogue" not in roles(graph, n.id):
         return False
     x, w = (graph.nodes[i].type for i in n.inputs)
     return w.ndim == 2 and (x.ndim == 2 or not n.attr["ta"]) and n.type.size > 0
@@ -232,9 +214,9 @@ def _rows_ok(grouping, members, domain):
 def _join_elementwise(gr, n):
     """Put elementwise node n into an operand's group of the same domain, or a new group."""
     shape = n.type.shape
-    cands = [gid for gid in gr.producers(n.id)
-             if gr.groups[gid]["domain"] == shape and gr.groups[gid]["kind"] in
-             ("elementwise", "gemm", "rows")]
+    cands = [gid for gid in gr.producers(n.id) if gr.groups[gid]["domain"] == shape and (
+        gr.groups[gid]["kind"] == "elementwise" or gr.groups[gid]["anchor"] is not None and
+        "epilogue" in roles(gr.g, gr.groups[gid]["anchor"]))]
     if n.type.size == 0:
         cands = []
     anchors = [gid for gid in cands if gr.groups[gid]["anchor"] is not None]
@@ -259,7 +241,7 @@ def _gemm(gr, n):
     prologue when n is the only reader of their values outside them."""
     g = gr.g
     pro, gids = set(), []
-    for gid in gr.producers(n.id):
+    for gid in gr.producers(n.id) if "prologue" in roles(g, n.id) else ():
         grp = gr.groups[gid]
         mem = set(grp["members"])
         ops = [i for i in n.inputs if i in mem]
@@ -275,12 +257,11 @@ def _gemm(gr, n):
 
 def _row_op(gr, n):
     shape = n.type.shape
-    axis = n.attr.get("axis", n.type.ndim - 1)
-    if not shape or axis != n.type.ndim - 1 or n.type.size == 0:
+    if not shape or row_axis(n) != n.type.ndim - 1 or n.type.size == 0:
         gr.new(n.id, "node", shape)
         return
-    cands = [gid for gid in gr.producers(n.id)
-             if gr.groups[gid]["kind"] == "elementwise" and gr.groups[gid]["domain"] == shape]
+    cands = [gid for gid in gr.producers(n.id) if "prologue" in roles(gr.g, n.id) and
+             gr.groups[gid]["kind"] == "elementwise" and gr.groups[gid]["domain"] == shape]
     members = [n.id] + [m for gid in cands for m in gr.groups[gid]["members"]]
     if cands and _rows_ok(gr, members, shape) and gr.merge(n.id, cands, "rows", shape, n.id):
         return
@@ -290,7 +271,7 @@ def _row_op(gr, n):
 def _reduction(gr, n):
     x = gr.g.nodes[n.inputs[0]]
     gid = gr.group_of.get(x.id)
-    if n.op != "count_equal" and gid in gr.producers(n.id) and \
+    if "prologue" in roles(gr.g, n.id) and gid in gr.producers(n.id) and \
             gr.groups[gid]["kind"] == "elementwise" \
             and gr.groups[gid]["domain"] == x.type.shape and len(x.type.shape) > 0 \
             and gr.merge(n.id, [gid], "reduce", x.type.shape, n.id):
@@ -298,13 +279,15 @@ def _reduction(gr, n):
     gr.new(n.id, "node", n.type.shape)
 
 
-def _cross_entropy_back(gr, n):
-    """cross_entropy_back joins the cross_entropy of the same logits and target: one pass over
-    the logits computes the loss and its gradient."""
+def _pair(gr, n, op):
+    """n joins the node of `op` (its `pairs_with`) that reads the same first operands, in a
+    kernel of kind `op`: cross_entropy_back and the cross_entropy of the same logits and target
+    are one pass over the logits computing the loss and its gradient."""
+    g = gr.g
     fwd = [u for u in gr.users[n.inputs[0]]
-           if gr.g.nodes[u].op == "cross_entropy" and gr.g.nodes[u].inputs == n.inputs[:2]]
+           if g.nodes[u].op == op and g.nodes[u].inputs == n.inputs[:len(g.nodes[u].inputs)]]
     gid = gr.group_of.get(fwd[0]) if fwd else None
-    if gid is None or not gr.merge(n.id, [gid], "cross_entropy", n.type.shape, n.id):
+    if gid is None or not gr.merge(n.id, [gid], op, n.type.shape, n.id):
         gr.new(n.id, "node", n.type.shape)
 
 
@@ -315,10 +298,10 @@ def _merge_updates(gr):
     only on the step counter) become one tiny kernel of their own, so no update waits for more
     than its own operands: each GEMM + update kernel can run as soon as its gradient is done."""
     upd = [gid for gid, grp in gr.groups.items() if grp["kind"] == "elementwise" and
-           any(gr.g.nodes[m].op in UPDATE_OPS for m in grp["members"])]
+           any("update" in roles(gr.g, m) for m in grp["members"])]
     members = {m for gid in upd for m in gr.groups[gid]["members"]} | \
         {m for grp in gr.groups.values() if grp["kind"] == "gemm" for m in grp["members"]
-         if gr.g.nodes[m].op in UPDATE_OPS}
+         if "update" in roles(gr.g, m)}
     scalars = [gid for gid, grp in gr.groups.items() if grp["kind"] == "elementwise" and
                grp["domain"] == () and gid not in upd and
                any(u in members for m in grp["members"] for u in gr.users[m])]
@@ -337,15 +320,16 @@ def _group_fused(graph, live):
         kind = op_kind(n.op)
         if kind in ("leaf", "view"):
             continue
-        if n.op == "full":
+        pairs_with = get_op(n.op).pairs_with
+        if "constant" in roles(graph, n.id):
             consts.append(n.id)
         elif kind == "elementwise":
             _join_elementwise(gr, n)
-        elif n.op in ROW_OPS:
+        elif kind == "rows":
             _row_op(gr, n)
-        elif n.op == "cross_entropy_back":
-            _cross_entropy_back(gr, n)
-        elif kind == "reduce":
+        elif pairs_with:
+            _pair(gr, n, pairs_with)
+        elif kind == "reduction":
             _reduction(gr, n)
         elif is_direct_gemm(graph, n):
             _gemm(gr, n)

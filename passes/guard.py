@@ -50,11 +50,3 @@ def gate(g, new: dict) -> dict:
         return new
     flag = g.tensor(g.outputs[FLAG])
     return {k: where(flag, g.tensor(g.params[k]), t) for k, t in new.items()}
-
-
-def first_flagged(outputs: dict) -> str | None:
-    """The first output whose `check/nonfinite/<output>` flag is set, given the flag values."""
-    for k, v in outputs.items():
-        if k.startswith(FLAG + "/") and v != 0:
-            return k[len(FLAG) + 1:]
-    return None

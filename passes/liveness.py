@@ -16,9 +16,7 @@ reach; passes/checkpoint.py minimises it and passes/memory.py measures its plan 
 """
 from __future__ import annotations
 
-from jitgraph.ir import LEAF_OPS
-
-from .fuse import base, live_nodes, op_kind
+from jitgraph.ir import LEAF_OPS, base, live_nodes, op_kind
 
 
 def default_order(graph) -> list:

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fuse import op_kind
-from .liveness import base, intervals, live_bytes
+from jitgraph.ir import base, op_kind
+
+from .liveness import intervals, live_bytes
 from .report import Report
 
 ALIGN = 64   # bytes; every slot starts on a cache line
@@ -106,9 +107,23 @@ def _can_write_in_place(kg, pid, uid, order, taken):
             if op_kind(u.op) != "elementwise" or not same or \
                     any(base(g, i) == pid and i != pid for i in rn.inputs):
                 return False
-        elif order.get(r, -1) >= order[uid]:
+        elif order.get(r, -1) > order[uid] or \
+                (order.get(r) == order[uid] and not _same_iteration(kg, r, uid, pid)):
             return False
     return True
+
+
+def _same_iteration(kg, r, uid, pid):
+    """True if r, a member of update uid's kernel, reads param pid only in the loop iteration
+    that writes the same element: an elementwise kernel loads its operands at the start of each
+    iteration, so a member over the param's own shape (a guarded update's candidate, say)
+    never sees a value the iteration wrote."""
+    g = kg.graph
+    kernel = next(k for k in kg.kernels if uid in k.nodes)
+    shape = g.nodes[pid].type.shape
+    return kernel.kind == "elementwise" and g.nodes[r].type.shape == shape and \
+        g.nodes[uid].type.shape == shape and \
+        all(g.nodes[i].type.shape == shape for i in g.nodes[r].inputs if base(g, i) == pid)
 
 
 def _persistent(g, params):

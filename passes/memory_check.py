@@ -115,9 +115,12 @@ def _check_persist(g, kg, plan, written, last):
         t = written[uid]
         readers = [m for m in kg.kernels[t].nodes
                    if any(_root(g, i) == pid for i in g.nodes[m].inputs)]
-        same_kernel = readers == [uid] and _kind(g, uid) == "elementwise" and \
-            all(g.nodes[i].type == g.nodes[uid].type for i in g.nodes[uid].inputs
-                if _root(g, i) == pid)
+        # every reader in the writing kernel loads the element the same iteration writes
+        ptype = g.nodes[pid].type
+        same_kernel = (readers == [uid] or kg.kernels[t].kind == "elementwise") and \
+            all(_kind(g, m) == "elementwise" and g.nodes[m].type.shape == ptype.shape and
+                all(g.nodes[i].type == ptype for i in g.nodes[m].inputs if _root(g, i) == pid)
+                for m in readers)
         assert last.get(pid, -1) < t or (last[pid] == t and same_kernel), \
             f"memory plan: update {name} <- {g.label(uid)} (kernel {t}) overwrites the param " \
             f"while it is still read (last read in kernel {last.get(pid)})"

@@ -24,9 +24,8 @@ is left alone: it overflows where softmax does not. Results change by float roun
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 
-from jitgraph.ir import LEAF_OPS, Graph
+from jitgraph.ir import LEAF_OPS, copy_node, rebuild
 
 from .report import Report
 
@@ -59,7 +58,8 @@ def recognise_patterns(graph):
     read = {i for n in graph.nodes if n.id not in dropped for i in rewrites.get(n.id, n).inputs}
     dropped |= {n.id for n in graph.nodes if n.op == "full" and n.id not in m.pinned
                 and m.users[n.id] and n.id not in read}   # constants only the matches read
-    g, new = _rebuild(graph, rewrites, dropped)
+    g, new = rebuild(graph, lambda g, n, new: None if n.id in dropped else
+                     copy_node(g, rewrites.get(n.id, n), new))
     for old, k in sorted(sizes.items()):
         r = g.nodes[new[old]]
         attrs = ", ".join(f"{a}={v}" for a, v in r.attrs)
@@ -67,24 +67,6 @@ def recognise_patterns(graph):
     stats = {"rewritten": len(rewrites), **counts,
              "nodes_before": len(graph.nodes), "nodes_after": len(g.nodes)}
     return g.validate(), Report("patterns", stats, lines)
-
-
-def _rebuild(graph, rewrites, dropped):
-    """Copy `graph` with each rewritten root replaced and `dropped` left out; returns the new
-    graph and the map old id -> new id."""
-    g = Graph(graph.name)
-    g.inits = dict(graph.inits)
-    new = {}
-    for n in graph.nodes:
-        if n.id in dropped:
-            continue
-        n = rewrites.get(n.id, n)
-        new[n.id] = len(g.nodes)
-        g.nodes.append(replace(n, id=new[n.id], inputs=tuple(new[i] for i in n.inputs)))
-    for src, dst in ((graph.inputs, g.inputs), (graph.params, g.params),
-                     (graph.outputs, g.outputs), (graph.updates, g.updates)):
-        dst.update({k: new[i] for k, i in src.items()})
-    return g, new
 
 
 class _Matcher:

@@ -2,7 +2,8 @@
 
 Each stage takes the compilation state, replaces what it transforms and returns its Report.
 After every stage the state's IR is kept as text (`Program.ir(stage)`) and, when the environment
-variable JITGRAPH_DUMP names a directory, written to `<dir>/<stage>.txt`.
+variable JITGRAPH_DUMP names a directory, written to `<dir>/<stage>.txt`. jitgraph/compiler.py
+runs the pipeline, then the backend.
 
 Stages and their switches (jitgraph.compile arguments):
   patterns    with `fuse`: softmax, log_softmax, rms_norm and layer_norm written from
@@ -14,7 +15,9 @@ Stages and their switches (jitgraph.compile arguments):
   optimizer   when `optimizer` is given: appends the parameter update (needs `loss`)
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
   checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
-              passes/checkpoint.py); skipped with a report line if that pass is absent
+              passes/checkpoint.py), measuring each candidate with `plan` below
+then the plan of the finished graph (`plan`: the same three stages with the same options
+wherever the arena is measured):
   fuse        always: groups nodes into kernels (`fuse=False`: one kernel per node)
   schedule    with `plan_memory`: reorders independent kernels so buffers die early
   memory      always: assigns buffers (`plan_memory=True`: liveness, in-place reuse, one
@@ -26,9 +29,17 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from jitgraph.types import ShapeError
+
+from .autodiff import grad
+from .checkpoint import checkpoint
 from .fuse import group_kernels
+from .guard import guard
 from .memory import plan_memory
-from .report import Report
+from .optimizer import apply_optimizer
+from .patterns import recognise_patterns
+from .schedule import schedule
+from .simplify import simplify
 
 
 @dataclass
@@ -54,45 +65,33 @@ class State:
 
 
 def _patterns(st):
-    from .patterns import recognise_patterns
     st.graph, rep = recognise_patterns(st.graph)
     return rep
 
 
 def _autodiff(st):
-    from .autodiff import grad
     st.graph, rep = grad(st.graph, st.options.loss)
     return rep
 
 
 def _guard(st):
-    from .guard import guard
     st.graph, rep = guard(st.graph)
     return rep
 
 
 def _optimizer(st):
-    from .optimizer import apply_optimizer
     st.graph, rep = apply_optimizer(st.graph, st.options.optimizer, st.options.loss)
     return rep
 
 
 def _simplify(st):
-    try:
-        from .simplify import simplify
-    except ImportError:
-        return Report("simplify", {}, ["skipped: passes/simplify.py is not available"])
     st.graph, rep = simplify(st.graph)
     return rep
 
 
 def _checkpoint(st):
-    try:
-        from .checkpoint import checkpoint
-    except ImportError:
-        return Report("checkpoint", {}, ["ignored: passes/checkpoint.py is not available"])
     st.graph, rep = checkpoint(st.graph, st.options.checkpoint, loss=st.options.loss or "loss",
-                               fuse=st.options.fuse)
+                               options=st.options)
     return rep
 
 
@@ -102,7 +101,6 @@ def _fuse(st):
 
 
 def _schedule(st):
-    from .schedule import schedule
     st.kernels, rep = schedule(st.kernels)
     return rep
 
@@ -116,17 +114,20 @@ def _always(opts):
     return True
 
 
-STAGES = [
+GRAPH_STAGES = [
     ("patterns", _patterns, lambda o: o.fuse),
     ("autodiff", _autodiff, lambda o: o.loss is not None),
     ("guard", _guard, lambda o: o.check_finite),
     ("optimizer", _optimizer, lambda o: o.optimizer is not None),
     ("simplify", _simplify, _always),
     ("checkpoint", _checkpoint, lambda o: o.checkpoint is not None),
+]
+PLAN_STAGES = [
     ("fuse", _fuse, _always),
     ("schedule", _schedule, lambda o: o.plan_memory),
     ("memory", _memory, _always),
 ]
+STAGES = GRAPH_STAGES + PLAN_STAGES
 # every IR a Program keeps, in order: the input graph, the stages above, the generated source
 IR_STAGES = ("graph", *(name for name, _, _ in STAGES), "kernels")
 
@@ -147,23 +148,33 @@ def dump(stage: str, text: str) -> None:
             f.write(text + "\n")
 
 
-def run_pipeline(graph, options: Options) -> State:
-    if options.optimizer is not None and options.loss is None:
-        from jitgraph.types import ShapeError
-        raise ShapeError("compile: an optimizer needs loss=<output name> to differentiate")
-    st = State(graph, options)
-    st.ir["graph"] = str(graph)
-    dump("graph", st.ir["graph"])
-    for name, fn, enabled in STAGES:
-        if not enabled(options):
+def _run(st, stages, record=False) -> State:
+    for name, fn, enabled in stages:
+        if not enabled(st.options):
             continue
         t0 = time.perf_counter()
         rep = fn(st)
         st.timings[name] = time.perf_counter() - t0
         st.reports.append(rep)
-        st.ir[name] = _printed(name, st) + "\n" + str(rep)
-        dump(name, st.ir[name])
+        if record:
+            st.ir[name] = _printed(name, st) + "\n" + str(rep)
+            dump(name, st.ir[name])
     return st
+
+
+def plan(graph, options: Options) -> State:
+    """fuse -> schedule -> memory over a finished graph with `options`: the kernels and memory
+    plan the pipeline ends with, and what passes/checkpoint.py measures its candidates by."""
+    return _run(State(graph, options), PLAN_STAGES)
+
+
+def run_pipeline(graph, options: Options) -> State:
+    if options.optimizer is not None and options.loss is None:
+        raise ShapeError("compile: an optimizer needs loss=<output name> to differentiate")
+    st = State(graph, options)
+    st.ir["graph"] = str(graph)
+    dump("graph", st.ir["graph"])
+    return _run(st, STAGES, record=True)
 
 
 def describe() -> str:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from jitgraph.ir import base
+
 from .fuse import KernelGraph
-from .liveness import base, live_bytes
+from .liveness import live_bytes
 from .memory import arena_intervals
 from .report import Report
 

@@ -14,14 +14,12 @@ values of the step ("output_copy" in the report).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 
-from jitgraph.ir import LEAF_OPS, Graph
+from jitgraph.ir import LEAF_OPS, base, copy_node, live_nodes, rebuild
 from jitgraph.ops.registry import get_op
 
-from .fuse import base
 from .report import Report
 
 # ops that move or repeat elements without computing: a constant stays the same constant
@@ -30,24 +28,21 @@ _MOVES = ("reshape", "permute", "broadcast_to", "slice")
 
 def simplify(graph):
     """Return (simplified graph, Report with the number of times each rule fired)."""
-    g = Graph(graph.name)
-    g.inits = dict(graph.inits)
-    counts, remap, seen = Counter(), {}, {}
+    counts, seen = Counter(), {}
     uses = Counter()      # new id -> readers in the original graph (outputs and updates count)
     readers = graph.users()
     for k in list(graph.outputs.values()) + list(graph.updates.values()):
         readers[k].append(None)
-    for n in graph.nodes:
+
+    def rewrite(g, n, new):
         if n.op in LEAF_OPS:
-            new = g._append(n.op, (), n.attr, n.type)
-            (g.inputs if n.op == "input" else g.params)[n.attr["name"]] = new.id
-            remap[n.id] = new.id
+            nid = copy_node(g, n, new)
         else:
-            ins = tuple(remap[i] for i in n.inputs)
-            remap[n.id] = _emit(g, n.op, ins, n.attr, seen, counts, uses)
-        uses[remap[n.id]] += len(readers[n.id])
-    g.outputs = {k: remap[i] for k, i in graph.outputs.items()}
-    g.updates = {k: remap[i] for k, i in graph.updates.items()}
+            nid = _emit(g, n.op, tuple(new[i] for i in n.inputs), n.attr, seen, counts, uses)
+        uses[nid] += len(readers[n.id])
+        return nid
+
+    g, _ = rebuild(graph, rewrite)
     g, counts["dead"] = _sweep(g)
     _copy_updated_outputs(g, counts)
     return g.validate(), Report("simplify", {"nodes_before": len(graph.nodes),
@@ -74,30 +69,16 @@ def _emit(g, op, inputs, attrs, seen, counts, uses) -> int:
     if node.key in seen:
         counts["cse"] += 1
         return seen[node.key]
-    g.nodes.append(node)
+    g.nodes.append(node)        # the rewritten node, already type-checked by make_node
     seen[node.key] = node.id
     return node.id
 
 
 def _sweep(g):
     """Drop nodes that no output or update reads (leaves stay); renumber densely."""
-    live = {n.id for n in g.nodes if n.op in LEAF_OPS}
-    stack = list(g.outputs.values()) + list(g.updates.values())
-    while stack:
-        i = stack.pop()
-        if i not in live:
-            live.add(i)
-            stack.extend(g.nodes[i].inputs)
-    out = Graph(g.name)
-    out.inits = g.inits
-    new = {}
-    for n in g.nodes:
-        if n.id in live:
-            new[n.id] = len(out.nodes)
-            out.nodes.append(replace(n, id=new[n.id], inputs=tuple(new[i] for i in n.inputs)))
-    for src, dst in ((g.inputs, out.inputs), (g.params, out.params),
-                     (g.outputs, out.outputs), (g.updates, out.updates)):
-        dst.update({k: new[i] for k, i in src.items()})
+    live = live_nodes(g)
+    out, _ = rebuild(g, lambda out, n, new: copy_node(out, n, new)
+                     if n.id in live or n.op in LEAF_OPS else None)
     return out, len(g.nodes) - len(out.nodes)
 
 
@@ -108,8 +89,7 @@ def _copy_updated_outputs(g, counts):
     for name, i in g.outputs.items():
         if base(g, i) in updated:
             if i not in copies:
-                copies[i] = g._append("cast", (i,), {"dtype": g.nodes[i].type.dtype},
-                                      g.nodes[i].type).id
+                copies[i] = g.emit("cast", (i,), {"dtype": g.nodes[i].type.dtype})
                 counts["output_copy"] += 1
             g.outputs[name] = copies[i]
 

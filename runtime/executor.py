@@ -1,99 +1,41 @@
-"""The static executor: buffers allocated once, one native driver call per step.
+"""The static executor: it runs what the compiler built, allocated once, one native driver call
+per step.
 
-A Program owns two byte arrays: the arena (inputs, activations, gradients: every per-step
-value at its memory-plan offset, values that are never live together sharing bytes) and the
-persistent region (params and optimizer state). With JITGRAPH_CHECK_PLANS=1 every plan is
-verified by passes/memory_check.py when the program is built. `step`
-copies the inputs into their slots, feeds the optimizer's per-step scalars (`opt/lr`,
+jitgraph/compiler.py runs the passes and the backend (runtime/backend.py) and hands a Program
+its Products; the executor never runs a pass. A Program owns two byte regions: the arena
+(inputs, activations, gradients: every per-step value at its memory-plan offset, values that
+are never live together sharing bytes) and the persistent region (params and optimizer state).
+`step` copies the inputs into their slots, feeds the optimizer's per-step scalars (`opt/lr`,
 `opt/step`, `opt/apply`), calls the driver once and returns fresh copies of the outputs.
 """
 from __future__ import annotations
 
-import os
-import sys
-import time
 from collections.abc import MutableMapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from jitgraph.passes import guard
-from jitgraph.passes.fuse import live_nodes
-from jitgraph.passes.pipeline import Options, dump, run_pipeline
+from jitgraph.ir import live_nodes
 from jitgraph.types import ShapeError
 from jitgraph.validate import index_inputs
 
-from . import cache
-from .cpu.codegen import generate
 
-ALIGN = 64
-
-
-def _aligned_bytes(n):
-    buf = np.zeros(n + ALIGN, np.uint8)
-    off = (-buf.ctypes.data) % ALIGN
-    return buf[off:off + n]
-
-
-def _view(region, slot, t):
-    return region[slot.offset:slot.offset + slot.nbytes].view(t.np_dtype).reshape(t.shape)
-
-
-def _compile_driver(gen, fresh=False):
-    """Write the modules, import the driver (which loads or compiles every kernel) and compile
-    or load the driver itself; returns the driver dispatcher."""
-    from numba import types
-    for name, text in gen.kernels.items():
-        path, _ = cache.store(name, text)
-        if fresh:
-            cache.load(path, fresh=True)
-    dpath, _ = cache.store(gen.driver, gen.driver_source)
-    driver = getattr(cache.load(dpath, fresh), gen.driver)
-    region = types.Array(types.uint8, 1, "C")
-    driver.compile((region, region))
-    return driver
-
-
-def build(graph, options: Options):
-    """Pipeline + codegen + numba: returns (pipeline state, generated code, driver, stats)."""
-    t0 = time.perf_counter()
-    st = run_pipeline(graph, options)
-    if os.environ.get("JITGRAPH_CHECK_PLANS") == "1":
-        from jitgraph.passes.memory_check import check_plan
-        check_plan(st.kernels, st.memory)
-    t1 = time.perf_counter()
-    gen = generate(st.kernels, st.memory, cache.module_name)
-    st.ir["kernels"] = gen.driver_source + "\n\n" + "\n\n".join(gen.kernels.values())
-    dump("kernels", st.ir["kernels"])
-    t2 = time.perf_counter()
-    before = dict(cache.COUNTS)
-    reused = sum(f"jitgraph_cache.{k}" in sys.modules for k in gen.kernels)
-    try:
-        driver = _compile_driver(gen)
-    except Exception:
-        # A corrupt or stale numba cache entry: drop the machine code, rebuild from source once.
-        for name in [gen.driver, *gen.kernels]:
-            cache.purge(cache.cache_dir() / f"{name}.py")
-        driver = _compile_driver(gen, fresh=True)
-    counts = {k: cache.COUNTS[k] - before.get(k, 0) for k in ("compiled", "loaded")}
-    dhits = sum(driver.stats.cache_hits.values())
-    t3 = time.perf_counter()
-    stats = {"kernels": len(st.kernels.kernels), "kernel_functions": len(gen.kernels),
-             "calls_per_step": gen.n_calls, "kernels_compiled": counts["compiled"],
-             "kernels_loaded": counts["loaded"], "kernels_reused": reused,
-             "driver_cached": bool(dhits), "compile_seconds": t3 - t0, "numba_seconds": t3 - t2,
-             "stage_seconds": {**st.timings, "lower": t2 - t1},
-             "bytes_moved": st.kernels.bytes_moved(),
-             "arena_bytes": st.memory.arena_bytes, "workspace_bytes": gen.workspace_bytes,
-             "persistent_bytes": st.memory.persist_bytes, "memory": st.memory.summary(),
-             "cache_dir": str(cache.cache_dir()), "gemm_library": _gemm_library()}
-    return st, gen, driver, stats
-
-
-def _gemm_library() -> str:
-    """Which BLAS the GEMMs call (runtime/cpu/blas.py; JITGRAPH_BLAS)."""
-    from .cpu import blas
-    return f"{blas.BACKEND}: {blas.LIBRARY}"
+@dataclass
+class Products:
+    """What the compiler hands a Program: the final graph, its kernels and memory plan (from
+    passes/), the backend's built code, and the record of how they were made."""
+    graph: object          # the Graph after every pass
+    kernels: object        # its KernelGraph (passes/fuse.py)
+    memory: object         # its MemoryPlan (passes/memory.py): slots, region sizes
+    backend: object        # the runtime/backend.py backend that built the code
+    module: object         # what backend.generate made (CPU: runtime/cpu/codegen.Generated)
+    driver: object         # driver(arena, persist) runs one step
+    outputs: tuple         # the graph outputs `step` returns
+    nonfinite: str | None = None   # output that is nonzero when a checked value is not finite
+    checks: dict = field(default_factory=dict)   # flag output -> the output it checks (guard)
+    ir: dict = field(default_factory=dict)       # stage -> printed IR
+    reports: list = field(default_factory=list)  # each pass's Report
+    stats: dict = field(default_factory=dict)
 
 
 class ArrayMap(MutableMapping):
@@ -140,19 +82,30 @@ class Program:
     read-only views of its buffers that the next step overwrites (copying a 16 MB output cost
     0.8 ms, as much as a fused softmax over it)."""
 
-    def __init__(self, source, options: Options, *, seed=0, persist=None, copy_outputs=True,
-                 check_indices=True):
+    def __init__(self, source, options, products: Products, *, seed=0, persist=None,
+                 copy_outputs=True, check_indices=True, compiler=None):
+        """`source`: the graph as the user built it; `options`: the pipeline's Options it was
+        compiled with; `persist`: another program's persistent region to share (its params);
+        `compiler(graph, options, persist=..., copy_outputs=..., check_indices=...)`: how the
+        evaluator compiles its forward-only programs (jitgraph/compiler.py)."""
         self.source = source
         self.options = options
         self.check_indices = check_indices
         self.copy_outputs = copy_outputs
-        self._state, self._gen, self._driver, self._stats = build(source, options)
-        g, plan = self._state.graph, self._state.memory
+        self._products, self._compiler = products, compiler
+        self._driver, self._stats = products.driver, products.stats
+        g, plan, view = products.graph, products.memory, products.backend.view
         self.graph = g
-        self._arena = _aligned_bytes(plan.arena_bytes + self._gen.workspace_bytes)
+        self._arena = products.backend.allocate(plan.arena_bytes +
+                                                products.module.workspace_bytes)
         owner = persist is None
-        self._persist = _aligned_bytes(plan.persist_bytes) if owner else persist
-        self._param_views = {k: _view(self._persist, plan.params[k], g.nodes[i].type)
+        self._persist = products.backend.allocate(plan.persist_bytes) if owner else persist
+
+        def value(i):
+            return view(self._arena if plan.slots[i].region == "arena" else self._persist,
+                        plan.slots[i], g.nodes[i].type)
+
+        self._param_views = {k: view(self._persist, plan.params[k], g.nodes[i].type)
                              for k, i in g.params.items()}
         if owner:
             for k, v in g.init_params(seed).items():
@@ -160,21 +113,16 @@ class Program:
         opt = options.optimizer
         self._runtime = set(opt.runtime_inputs(0)) if opt is not None else set()
         live = live_nodes(g)
-        self._inputs = {k: _view(self._arena, plan.slots[i], g.nodes[i].type)
-                        for k, i in g.inputs.items() if i in live and k not in self._runtime}
-        self._runtime_views = {k: _view(self._arena, plan.slots[g.inputs[k]],
-                                        g.nodes[g.inputs[k]].type)
-                               for k in self._runtime if g.inputs.get(k) in live}
-        names = [k for k in g.outputs
-                 if (opt is None or k in source.outputs) and not k.startswith(guard.FLAG)]
-        self._outputs = {k: _view(self._arena if plan.slots[g.outputs[k]].region == "arena"
-                                  else self._persist, plan.slots[g.outputs[k]],
-                                  g.nodes[g.outputs[k]].type) for k in names}
+        self._inputs = {k: value(i) for k, i in g.inputs.items()
+                        if i in live and k not in self._runtime}
+        self._runtime_views = {k: value(g.inputs[k]) for k in self._runtime
+                               if g.inputs.get(k) in live}
+        self._outputs = {k: value(g.outputs[k]) for k in products.outputs}
         for v in self._outputs.values():
             v.flags.writeable = False       # `step` hands them out with copy_outputs=False
-        self._flags = {k: _view(self._arena if plan.slots[i].region == "arena" else
-                                self._persist, plan.slots[i], g.nodes[i].type)
-                       for k, i in g.outputs.items() if k.startswith(guard.FLAG)}
+        self._nonfinite = None if products.nonfinite is None else \
+            value(g.outputs[products.nonfinite])
+        self._checks = {k: value(g.outputs[f]) for f, k in products.checks.items()}
         self._indices = [(self._inputs[k], k, bound, users)
                          for k, (bound, users) in index_inputs(g).items()
                          if k in self._inputs and check_indices]
@@ -216,7 +164,7 @@ class Program:
                 if k in self._runtime_views:
                     self._runtime_views[k][...] = v
         self._driver(self._arena, self._persist)
-        if self._flags and self._flags[guard.FLAG][()] != 0:
+        if self._nonfinite is not None and self._nonfinite[()] != 0:
             self._raise_nonfinite()
         self.calls += 1
         return {k: v.copy() for k, v in self._outputs.items()} if self.copy_outputs else \
@@ -240,7 +188,7 @@ class Program:
     def _raise_nonfinite(self):
         """The guard (passes/guard.py) kept every param and state: name the first non-finite
         value and leave the step uncounted."""
-        what = guard.first_flagged({k: v[()] for k, v in self._flags.items()})
+        what = next(k for k, v in self._checks.items() if v[()] != 0)
         kind = "gradient of param" if what.startswith("grad/") else "output"
         name = what[len("grad/"):] if what.startswith("grad/") else what
         raise FloatingPointError(f"step {self.calls + 1}: {kind} {name} is not finite; the "
@@ -251,10 +199,10 @@ class Program:
     # ---- inspection ---------------------------------------------------------------------
     def ir(self, stage: str = "kernels") -> str:
         try:
-            return self._state.ir[stage]
+            return self._products.ir[stage]
         except KeyError:
             raise KeyError(f"no IR for stage {stage!r}; this program has "
-                           f"{', '.join(self._state.ir)}") from None
+                           f"{', '.join(self._products.ir)}") from None
 
     def stats(self) -> dict:
         return {**self._stats, "steps": self.calls}
@@ -284,8 +232,8 @@ class Evaluator:
         src = self._prog.source
         g = src.copy(src.name + "_eval")
         g.updates = {}
-        inputs_of = {k: {n for n in live_nodes(_only(src, k)) if src.nodes[n].op == "input"}
-                     for k in src.outputs}
+        inputs_of = {k: {n for n in live_nodes(src, [i]) if src.nodes[n].op == "input"}
+                     for k, i in src.outputs.items()}
         given_ids = {src.inputs[k] for k in given if k in src.inputs}
         g.outputs = {k: i for k, i in src.outputs.items() if inputs_of[k] <= given_ids}
         if not g.outputs:
@@ -295,16 +243,9 @@ class Evaluator:
                              f"{', '.join(sorted(need))}")
         prog = self._prog
         opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None,
-                       param_slots=prog._state.memory.params)
-        return Program(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,
-                       check_indices=prog.check_indices)
+                       param_slots=prog._products.memory.params)
+        return prog._compiler(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,
+                              check_indices=prog.check_indices)
 
     def stats(self) -> dict:
         return {"programs": len(self._programs)}
-
-
-def _only(graph, output):
-    g = graph.copy()
-    g.outputs = {output: graph.outputs[output]}
-    g.updates = {}
-    return g

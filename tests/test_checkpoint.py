@@ -12,6 +12,7 @@ from jitgraph.passes.autodiff import grad
 from jitgraph.passes import checkpoint as ckpt
 from jitgraph.passes.checkpoint import flops
 from jitgraph.passes.optimizer import apply_optimizer
+from jitgraph.passes.pipeline import Options
 from jitgraph.passes.simplify import simplify
 from jitgraph.testing import check_grad
 from jitgraph.workloads import WORKLOADS
@@ -21,12 +22,15 @@ POLICIES = [None, "marks", "sqrt", "budget:0.75", "budget:0.6"]
 
 # Memory is measured on unfused kernels: there the checkpoint, schedule and memory passes alone
 # decide the arena (fusion changes which values need buffers; tests/test_memory.py compiles).
+UNFUSED = Options(fuse=False)
+
+
 def checkpoint(g, policy):
-    return ckpt.checkpoint(g, policy, fuse=False)
+    return ckpt.checkpoint(g, policy, options=UNFUSED)
 
 
 def arena_peak(g):
-    return ckpt.arena_peak(g, fuse=False)
+    return ckpt.arena_peak(g, UNFUSED)
 
 
 def mlp(layers=16, width=64, batch=256, dtype="f64", mark_every=0):

@@ -162,7 +162,7 @@ def test_update_read_after_it_is_computed_is_not_clobbered():
     g.update(p=new)
     g.output(later=later)
     prog = jg.compile(g)
-    assert prog._state.memory.copies == [("p", new.id)]
+    assert prog._products.memory.copies == [("p", new.id)]
     out = prog.step(x=np.ones(3, np.float32))
     np.testing.assert_array_equal(out["later"], 3.0)
     np.testing.assert_array_equal(prog.params["p"], 1.0)

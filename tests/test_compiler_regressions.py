@@ -49,7 +49,7 @@ def check(g, fuse, plan, steps=3, loss=None, optimizer=None, feeds=None, params=
 
 
 def kinds(prog):
-    return [(k.kind, len(k.nodes)) for k in prog._state.kernels.kernels]
+    return [(k.kind, len(k.nodes)) for k in prog._products.kernels.kernels]
 
 
 # ---- 1. reductions over size-1 axes ----------------------------------------------------------
@@ -133,7 +133,7 @@ def test_row_op_of_a_constant(form, fuse, plan):
     c = jg.full_like(x, 0.5)
     g.output(y=ROW_FORMS[form](c) + x)
     prog, _ = check(g, fuse, plan, steps=2)
-    assert not fuse or prog._state.reports[0].stats["rewritten"] == 1, prog.ir("patterns")
+    assert not fuse or prog._products.reports[0].stats["rewritten"] == 1, prog.ir("patterns")
 
 
 # ---- 4. outputs that are updated params ----------------------------------------------------------

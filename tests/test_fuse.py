@@ -36,7 +36,7 @@ def check(g, min_fused=1):
     ref = jg.interp.run(g, feeds, {})
     fused = jg.compile(g, fuse=True)
     assert sum(k.kind != "node" and len(k.nodes) > 1
-               for k in fused._state.kernels.kernels) >= min_fused, fused.ir("fuse")
+               for k in fused._products.kernels.kernels) >= min_fused, fused.ir("fuse")
     for prog in (fused, jg.compile(g, fuse=False)):
         got = prog.run(**feeds)
         for k, v in ref.items():
@@ -196,7 +196,7 @@ def test_gemm_prologues(dt):
              d=jg.tanh(xb - 1.0) @ jg.sqr(w),
              e=jg.matmul(jg.exp(x * 0.1), jg.exp(x * 0.2), ta=True))
     prog = check(g, min_fused=4)
-    kernels = prog._state.kernels.kernels
+    kernels = prog._products.kernels.kernels
     assert len(kernels) == 4 and all(k.kind == "gemm" for k in kernels), prog.ir("fuse")
     assert [len(k.outputs) for k in kernels] == [1, 1, 1, 1]     # operands never stored
     itemsize = 4 if dt == "f32" else 8
@@ -209,8 +209,8 @@ def test_gemm_prologue_only_when_the_gemm_alone_reads_it():
     h = jg.relu(x - 0.5)
     g.output(y=h @ w, s=jg.sum(h))          # h is read by the sum too: stored, no prologue
     prog = check(g, min_fused=0)
-    g2 = prog._state.kernels.graph
-    gemm = next(k for k in prog._state.kernels.kernels
+    g2 = prog._products.kernels.graph
+    gemm = next(k for k in prog._products.kernels.kernels
                 if any(g2.nodes[i].op == "matmul" for i in k.nodes))
     assert [g2.nodes[i].op for i in gemm.nodes] == ["matmul"], prog.ir("fuse")
 
@@ -225,7 +225,7 @@ def test_gemm_prologue_in_a_training_program_matches_the_interpreter():
     g.output(loss=jg.cross_entropy(x @ (w * m), y))
     prog = train_compare(g, jg.optim.SGD(lr=0.1, momentum=0.9))
     assert any(k.kind == "gemm" and len(k.nodes) > 1 and k.anchor != k.nodes[0]
-               for k in prog._state.kernels.kernels), prog.ir("fuse")
+               for k in prog._products.kernels.kernels), prog.ir("fuse")
 
 
 def test_gemm_epilogue_never_overwrites_an_operand():
@@ -271,7 +271,7 @@ def train_compare(g, opt, steps=3, rtol=2e-4, atol=2e-5):
 def test_adamw_update_is_one_kernel_and_matches():
     g = mlp()
     prog = train_compare(g, jg.optim.AdamW(lr=1e-2, weight_decay=0.1))
-    kernels = prog._state.kernels.kernels
+    kernels = prog._products.kernels.kernels
     # every update op sits in one elementwise kernel or in the epilogue of its gradient's GEMM
     homes = {k.kind for k in kernels if any(prog.graph.nodes[m].op == "adam_step" for m in k.nodes)}
     assert homes <= {"elementwise", "gemm"}
@@ -333,6 +333,6 @@ def test_checkpointed_transformer_groups_are_acyclic(fuse):
     g = st.graph
     for n, t in home.items():
         for i in g.nodes[n].inputs:
-            b = jg.passes.fuse.base(g, i)
+            b = jg.ir.base(g, i)
             assert home.get(b, -1) <= t, (g.label(n), g.label(b))
     check_plan(st.kernels, st.memory)

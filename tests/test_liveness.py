@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jitgraph as jg
-from jitgraph.passes.liveness import base, default_order, intervals, live_bytes, peak_bytes
+from jitgraph.ir import base
+from jitgraph.passes.liveness import default_order, intervals, live_bytes, peak_bytes
 
 
 def small_graph():

@@ -7,13 +7,14 @@ import pytest
 import jitgraph as jg
 from jitgraph import ops
 from jitgraph.cli import STAGES as CLI_STAGES
+from jitgraph.ops.registry import OPS
 from jitgraph.passes.autodiff import grad
 from jitgraph.passes.patterns import recognise_patterns
 from jitgraph.passes.pipeline import STAGES
 
 TOL = dict(rtol=2e-5, atol=2e-6)
 GRAD_TOL = dict(rtol=2e-4, atol=2e-5)
-ROW_OPS = {"softmax", "log_softmax", "rms_norm", "layer_norm"}
+ROW_OPS = {op for op, d in OPS.items() if d.kind == "rows"}
 
 
 def _keep(f, x, axis=-1):
@@ -249,10 +250,10 @@ def _agree(g, f, params=None):
 def test_fused_equals_unfused_and_interpreter(form):
     g = graph(form)
     fused, unfused = _agree(g, feeds(g))
-    assert "patterns" in fused._state.ir and "patterns" not in unfused._state.ir
+    assert "patterns" in fused._products.ir and "patterns" not in unfused._products.ir
     assert FORMS[form] in {n.op for n in fused.graph.nodes}
     assert not ROW_OPS & {n.op for n in unfused.graph.nodes}
-    rows = [k for k in fused._state.kernels.kernels if k.kind == "rows"]
+    rows = [k for k in fused._products.kernels.kernels if k.kind == "rows"]
     assert len(rows) == 1 and len(rows[0].nodes) >= 2          # prologue (and epilogue) fused
 
 
@@ -308,7 +309,7 @@ def test_ir_shows_the_rewrite():
     prog = jg.compile(graph(layer_norm_affine, prologue=False))
     text = prog.ir("patterns")
     assert "layer_norm(x) [eps=1e-05]" in text and "# pass patterns: rewritten=1" in text
-    (k,) = [k for k in prog._state.kernels.kernels if k.kind == "rows"]
+    (k,) = [k for k in prog._products.kernels.kernels if k.kind == "rows"]
     assert [prog.graph.nodes[m].op for m in k.nodes][:3] == ["layer_norm", "mul", "add"]
 
 

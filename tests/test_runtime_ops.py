@@ -264,22 +264,22 @@ def _kernel_outputs_on_nan_arena(prog, feeds):
     value in its buffer). The buffers of later kernels may reuse it, so check it right away."""
     import sys
 
-    from jitgraph.runtime.executor import _view
-    g, plan = prog._state.graph, prog._state.memory
+    g, plan = prog._products.graph, prog._products.memory
+    view = prog._products.backend.view
     prog._arena[:] = 0xFF
     prog._feed(feeds)
     for k, v in prog._runtime_views.items():
         v[...] = prog.options.optimizer.runtime_inputs(0)[k]
     base = {"arena": prog._arena.ctypes.data, "persist": prog._persist.ctypes.data}
-    kernel_of = {k.root: k for k in prog._state.kernels.kernels}
-    for nid, name, addrs in prog._gen.calls:
+    kernel_of = {k.root: k for k in prog._products.kernels.kernels}
+    for nid, name, addrs in prog._products.module.calls:
         getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes(
             *[base[r] + off for r, off in addrs])
         k = kernel_of[nid]
         for o in k.outputs:
             s = plan.slots[o]
             region = prog._arena if s.region == "arena" else prog._persist
-            yield k, o, _view(region, s, g.nodes[o].type)
+            yield k, o, view(region, s, g.nodes[o].type)
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -290,7 +290,7 @@ def test_every_kernel_output_matches_interpreter_on_nan_arena(fuse):
     from jitgraph.workloads import WORKLOADS
     w = WORKLOADS["transformer_block"](scale=0.1)
     prog = jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, fuse=fuse, plan_memory=True)
-    g = prog._state.graph
+    g = prog._products.graph
     params = {k: prog._param_views[k].copy() for k in g.params}
     rt = {k: v for k, v in w.optimizer.runtime_inputs(0).items() if k in g.inputs}
     _, vals = jg.interp.run(g, {**w.feeds, **rt}, params, values=True)

@@ -153,13 +153,24 @@ def _conv2d_back_weight_vjp(gz, out, xs, a):
             apply("conv2d", x, gz, **_conv_attrs(a))]
 
 
-register("conv2d", kind="opaque", arity=2, attrs=_CONV, infer=_conv2d_infer, ref=_conv2d_ref,
-         vjp=_conv2d_vjp,
+def _conv_flops(y_at, w_at):
+    """2 * (output elements of the forward conv) * (taps per output: C * kh * kw); y_at / w_at:
+    where the forward's output and kernel are among (operands..., result)."""
+    def rule(ins, out, a):
+        y, w = (ins + [out])[y_at], (ins + [out])[w_at]
+        return 2 * y.size * (w.size // w.shape[0])
+    return rule
+
+
+_CONTRACTION = dict(kind="contraction", cheap=False)
+register("conv2d", **_CONTRACTION, flops=_conv_flops(2, 1), arity=2, attrs=_CONV,
+         infer=_conv2d_infer, ref=_conv2d_ref, vjp=_conv2d_vjp,
          doc="conv2d(x [N,C,H,W], w [O,C,kh,kw]) -> [N,O,oh,ow]; cross-correlation, zero padding")
-register("conv2d_back_input", kind="opaque", arity=2, attrs={**_CONV, "in_hw": ("ints", REQUIRED)},
+register("conv2d_back_input", **_CONTRACTION, flops=_conv_flops(1, 0), arity=2,
+         attrs={**_CONV, "in_hw": ("ints", REQUIRED)},
          infer=_conv2d_back_input_infer, ref=_conv2d_back_input_ref, vjp=_conv2d_back_input_vjp,
          doc="conv2d_back_input(w, grad_out) -> grad of x [N,C,*in_hw] (col2im)")
-register("conv2d_back_weight", kind="opaque", arity=2,
+register("conv2d_back_weight", **_CONTRACTION, flops=_conv_flops(1, 2), arity=2,
          attrs={**_CONV, "kernel": ("ints", REQUIRED)},
          infer=_conv2d_back_weight_infer, ref=_conv2d_back_weight_ref, vjp=_conv2d_back_weight_vjp,
          doc="conv2d_back_weight(x, grad_out) -> grad of w [O,C,*kernel]")

@@ -30,7 +30,7 @@ def _full_infer(args, a):
     return TensorType(a["dtype"], a["shape"])
 
 
-register("full", arity=0, kind="elementwise", expr="{value}",
+register("full", arity=0, kind="elementwise", expr="{value}", fusion=("constant",),
          attrs={"value": ("float", 0.0), "shape": ("ints", ()), "dtype": ("dtype", "f32")},
          infer=_full_infer,
          ref=lambda a: np.full(a["shape"], a["value"], dtype=TensorType(a["dtype"], ()).np_dtype))

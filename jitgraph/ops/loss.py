@@ -77,7 +77,7 @@ register("cross_entropy", kind="opaque", arity=2, infer=_ce_infer, ref=_ce_ref, 
          doc="cross_entropy(logits [N,C], target i32[N] labels or [N,C] probabilities): "
              "mean over N of -sum(target * log_softmax(logits)), via log-sum-exp")
 register("cross_entropy_back", kind="opaque", arity=3, infer=_ce_back_infer, ref=_ce_back_ref,
-         index=_ce_labels,
+         index=_ce_labels, pairs_with="cross_entropy",
          doc="cross_entropy_back(logits, target, g) = (softmax * sum(target) - target) / N * g; "
              "sum(target) is 1 for labels and normalised probabilities")
 

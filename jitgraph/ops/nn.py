@@ -66,9 +66,10 @@ def _softmax_back_infer(args, a):
 
 
 _AXIS = {"axis": ("int", -1)}
-register("softmax", kind="opaque", arity=1, attrs=_AXIS, infer=_softmax_infer, ref=_softmax_ref,
+_ROWS = dict(kind="rows", fusion=("prologue", "epilogue"))
+register("softmax", **_ROWS, arity=1, attrs=_AXIS, infer=_softmax_infer, ref=_softmax_ref,
          vjp=lambda g, out, xs, a: [apply("softmax_back", out, g, axis=a["axis"])])
-register("softmax_back", kind="opaque", arity=2, attrs=_AXIS, infer=_softmax_back_infer,
+register("softmax_back", **_ROWS, arity=2, attrs=_AXIS, infer=_softmax_back_infer,
          ref=lambda a, y, g: y * (g - np.sum(g * y, axis=a["axis"], keepdims=True)),
          doc="softmax_back(y = softmax(x), grad_out) = y * (g - sum(g * y))  (ggml soft_max_back)")
 
@@ -78,7 +79,7 @@ def _log_softmax_vjp(g, out, xs, a):
     return [g - exp(out) * rsum(g, axis=a["axis"], keepdims=True)]
 
 
-register("log_softmax", kind="opaque", arity=1, attrs=_AXIS, infer=_softmax_infer,
+register("log_softmax", **_ROWS, arity=1, attrs=_AXIS, infer=_softmax_infer,
          ref=lambda a, x: log_softmax_ref(x, a["axis"]), vjp=_log_softmax_vjp)
 
 
@@ -117,9 +118,9 @@ def _norm_infer(args, a):
 
 def _norm(name, eps, ref, back_ref):
     attrs = {"eps": ("float", eps)}
-    register(name, kind="opaque", arity=1, attrs=attrs, infer=_norm_infer, ref=ref,
+    register(name, **_ROWS, arity=1, attrs=attrs, infer=_norm_infer, ref=ref,
              vjp=lambda g, out, xs, a: [apply(f"{name}_back", xs[0], g, eps=a["eps"])])
-    register(f"{name}_back", kind="opaque", arity=2, attrs=attrs, infer=_norm_infer, ref=back_ref,
+    register(f"{name}_back", **_ROWS, arity=2, attrs=attrs, infer=_norm_infer, ref=back_ref,
              doc=f"{name}_back(x, grad_out)")
 
 

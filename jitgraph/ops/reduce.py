@@ -48,13 +48,14 @@ def _lse_ref(a, x):
     return r if a["keepdims"] else np.squeeze(r, axis=ax)
 
 
-register("sum", arity=1, kind="reduce", attrs=dict(_AX), infer=_reduce_infer(False),
+_RED = dict(kind="reduction", fusion=("prologue",))   # an elementwise operand: in its loops
+register("sum", arity=1, **_RED, attrs=dict(_AX), infer=_reduce_infer(False),
          ref=lambda a, x: np.sum(x, axis=_np_axes(a), keepdims=a["keepdims"], dtype=x.dtype))
-register("mean", arity=1, kind="reduce", attrs=dict(_AX), infer=_reduce_infer(True, False),
+register("mean", arity=1, **_RED, attrs=dict(_AX), infer=_reduce_infer(True, False),
          ref=lambda a, x: np.mean(x, axis=_np_axes(a), keepdims=a["keepdims"], dtype=x.dtype))
-register("max", arity=1, kind="reduce", attrs=dict(_AX), infer=_reduce_infer(False, False),
+register("max", arity=1, **_RED, attrs=dict(_AX), infer=_reduce_infer(False, False),
          ref=lambda a, x: np.max(x, axis=_np_axes(a), keepdims=a["keepdims"]) if a["axes"] else x.copy())
-register("logsumexp", arity=1, kind="reduce", attrs=dict(_AX), infer=_reduce_infer(True, False),
+register("logsumexp", arity=1, **_RED, attrs=dict(_AX), infer=_reduce_infer(True, False),
          ref=_lse_ref)
 
 
@@ -68,7 +69,7 @@ def _argmax_infer(args, a):
     return TensorType("i32", reduced_shape(x.shape, (ax,), a["keepdims"]))
 
 
-register("argmax", arity=1, kind="reduce", attrs={"axis": ("int", -1), "keepdims": ("bool", False)},
+register("argmax", arity=1, **_RED, attrs={"axis": ("int", -1), "keepdims": ("bool", False)},
          infer=_argmax_infer,
          ref=lambda a, x: np.argmax(x, axis=a["axis"], keepdims=a["keepdims"]).astype(np.int32),
          doc="index of the first maximum along one axis, as i32")
@@ -81,7 +82,7 @@ def _count_equal_infer(args, a):
     return TensorType("i32", ())
 
 
-register("count_equal", arity=2, kind="reduce", infer=_count_equal_infer,
+register("count_equal", arity=2, kind="reduction", infer=_count_equal_infer,
          ref=lambda a, x, y: np.asarray(np.sum(x == y), dtype=np.int32),
          doc="number of equal elements, as an i32 scalar (ggml_count_equal)")
 

@@ -1,13 +1,23 @@
 """The op registry: every op is declared once, here or in a sibling module, as an OpDef.
 
 An OpDef holds the attribute schema, the shape/dtype rule, the reference numpy implementation
-(the oracle for every backend), the vjp rule (used by passes/autodiff.py) and the kernel form the
-backends lower from (an elementwise scalar expression, or a kind the runtime knows).
+(the oracle for every backend), the vjp rule (used by passes/autodiff.py) and the op's
+backend-neutral facts, which passes ask instead of comparing op names:
+
+  kind      what kind of computation it is (KINDS); elementwise ops also give their scalar
+            expression `expr`, from which every backend generates code
+  fusion    the roles it can take in a fused kernel (FUSION_ROLES); `pairs_with`: the forward
+            op whose kernel it joins
+  cheap     whether recomputing it in the backward (passes/checkpoint.py) is cheap
+  flops, bytes  cost rules (ins, out, attrs) -> int over the operand and result types (`cost`
+            applies them, or the kind's default)
+
+How a backend runs each op is the backend's own table (runtime/cpu/table.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ..types import DTYPES, ShapeError, TensorType
 
@@ -115,6 +125,25 @@ class Arg:
         return f"{self.name} {self.type}"
 
 
+KINDS = {
+    "elementwise": "out[i] = expr(operands broadcast to out's shape, at i)",
+    "reduction": "folds axes of its operand (sum, max, argmax, ...)",
+    "rows": "maps each row along its `axis` attribute (default: the last axis) to a row of the "
+            "same length, reading the whole row (softmax, norms and their *_back ops)",
+    "contraction": "sums products over an inner dimension (matmul, conv2d)",
+    "view": "aliases its operand's buffer: no kernel, no bytes (reshape, checkpoint marks)",
+    "leaf": "an input or a param",
+    "opaque": "anything else: data movement (permute, slice, get_rows, ...), rope, losses",
+}
+
+FUSION_ROLES = {
+    "prologue": "the elementwise group computing its operands can run inside its kernel",
+    "epilogue": "elementwise nodes over its result can run inside its kernel",
+    "constant": "one value and no operands: inlined as a literal into the kernels reading it",
+    "update": "part of the optimizer update: the update ops share one kernel",
+}
+
+
 @dataclass
 class OpDef:
     name: str
@@ -123,11 +152,17 @@ class OpDef:
     arity: int | tuple | None  # exact count, (min, max), or None for any number >= 1
     attrs: dict = field(default_factory=dict)   # name -> (kind, default or REQUIRED)
     vjp: Callable | None = None  # (g, out, inputs, attrs) -> [grad or None per input]
-    kind: str = "opaque"       # elementwise | reduce | gemm | view | leaf | opaque
+    kind: str = "opaque"       # KINDS
     expr: str | None = None    # elementwise: scalar expression over {0}, {1}, ... and {attr}
     doc: str = ""
     index: Callable | None = None  # (args, attrs) -> [(operand position, bound)]: integer
                                    # operands that index, each valid in [0, bound)
+    fusion: frozenset = frozenset()  # FUSION_ROLES it can take
+    pairs_with: str | None = None  # joins the kernel of this op reading the same first operands
+                                   # (cross_entropy_back: cross_entropy, one pass for both)
+    cheap: bool = True         # recomputing it costs about one pass over its data
+    flops: Callable | None = None  # (ins, out, attrs) -> arithmetic operations; default: `cost`
+    bytes: Callable | None = None  # (ins, out, attrs) -> bytes read and written run alone
 
     def check_attrs(self, attrs: dict) -> dict:
         out = {}
@@ -157,11 +192,42 @@ OPS: dict[str, OpDef] = {}
 
 
 def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", expr=None, doc="",
-             index=None):
+             index=None, fusion=(), pairs_with=None, cheap=True, flops=None, bytes=None):
     if name in OPS:
         raise RuntimeError(f"op {name!r} registered twice")
-    OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index)
+    if kind not in KINDS or not set(fusion) <= set(FUSION_ROLES) or (kind == "elementwise") != \
+            (expr is not None):
+        raise RuntimeError(f"op {name!r}: kind {kind!r}, fusion {sorted(fusion)} or expr "
+                           f"{expr!r} not as jitgraph/ops/registry.py defines them")
+    OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index,
+                      frozenset(fusion), pairs_with, cheap, flops, bytes)
     return OPS[name]
+
+
+class Cost(NamedTuple):
+    flops: int
+    bytes: int
+
+
+def cost(graph, n) -> Cost:
+    """What computing node n alone costs: its op's flops and bytes rules, else the defaults of
+    its kind: a view costs nothing; an elementwise op one operation per element, any other op
+    one per operand element; bytes are every distinct operand read once and the result written
+    once."""
+    d = get_op(n.op)
+    ins, out = [graph.nodes[i].type for i in n.inputs], n.type
+    if d.kind == "view":
+        return Cost(0, 0)
+    flops = d.flops(ins, out, n.attr) if d.flops else \
+        out.size if d.kind == "elementwise" or not ins else sum(t.size for t in ins)
+    nbytes = d.bytes(ins, out, n.attr) if d.bytes else \
+        sum(graph.nodes[i].type.nbytes for i in dict.fromkeys(n.inputs)) + out.nbytes
+    return Cost(flops, nbytes)
+
+
+def row_axis(n) -> int:
+    """The axis a node of kind "rows" maps along: its `axis` attribute, else the last axis."""
+    return n.attr.get("axis", n.type.ndim - 1)
 
 
 def get_op(name: str) -> OpDef:

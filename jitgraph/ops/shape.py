@@ -224,7 +224,13 @@ def _mm_ref(a, x, w):
     return np.matmul(x, w)
 
 
-register("matmul", arity=2, kind="gemm", infer=_matmul_infer, ref=_mm_ref,
+def _mm_flops(ins, out, a):
+    """2MNK: a multiply and an add per inner-dimension element of every output."""
+    return 2 * out.size * ins[0].shape[-2 if a["ta"] else -1]
+
+
+register("matmul", arity=2, kind="contraction", fusion=("prologue", "epilogue"), cheap=False,
+         flops=_mm_flops, infer=_matmul_infer, ref=_mm_ref,
          attrs={"ta": ("bool", False), "tb": ("bool", False)},
          doc="numpy matmul semantics for 2-D and batched operands; ta/tb transpose the last two "
              "axes of x / w first (BLAS transpose flags, set by the simplify pass)")

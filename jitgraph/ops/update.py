@@ -26,14 +26,15 @@ def _infer(args, a):
     return elementwise_type(args, a)
 
 
-register("ema", arity=2, kind="elementwise", attrs={"beta": ("float", 0.9)}, infer=_infer,
+_UPDATE = dict(kind="elementwise", fusion=("update",))
+register("ema", arity=2, **_UPDATE, attrs={"beta": ("float", 0.9)}, infer=_infer,
          ref=_ema_ref, expr="{beta} * {0} + (1.0 - {beta}) * {1}",
          doc="ema(old, x): beta * old + (1 - beta) * x (Adam's first moment)")
-register("ema_sq", arity=2, kind="elementwise", attrs={"beta": ("float", 0.999)}, infer=_infer,
+register("ema_sq", arity=2, **_UPDATE, attrs={"beta": ("float", 0.999)}, infer=_infer,
          ref=lambda a, old, x: _ema_ref(a, old, x * x),
          expr="{beta} * {0} + (1.0 - {beta}) * ({1} * {1})",
          doc="ema_sq(old, x): beta * old + (1 - beta) * x^2 (Adam's second moment)")
-register("adam_step", arity=6, kind="elementwise",
+register("adam_step", arity=6, **_UPDATE,
          attrs={"eps": ("float", 1e-8), "wd": ("float", 0.0)}, infer=_infer, ref=_adam_step_ref,
          expr="{0} * (1.0 - {3} * {wd}) - {3} * ({1} * {4}) / (math.sqrt({2} * {5}) + {eps})",
          doc="adam_step(p, m, v, lr, c1, c2): p * (1 - lr*wd) - lr * m*c1 / (sqrt(v*c2) + eps) "

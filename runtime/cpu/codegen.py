@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jitgraph.ops.registry import get_op
-from jitgraph.passes.fuse import ROW_OPS, Kernel
 from jitgraph.printer import format_node
 from jitgraph.types import TensorType
 
 from . import fused, lower
-from .library_calls import library_call
+from .table import lowering
 
 ENTRY_HEADER = '''"""jitgraph kernel (generated; the file name is a hash of this text and the toolchain)."""
 import math
@@ -42,25 +40,24 @@ class Generated:
 
 
 def lower_node(graph, n, slot_of=lambda nid: None):
-    """The Calls implementing node n alone; raises NotImplementedError when the CPU backend has
-    no lowering for the op. Elementwise and last-axis row ops use the fused kernels' generator
-    with one member, so fused and unfused programs differ only in grouping."""
-    kind = get_op(n.op).kind
-    if kind == "elementwise":
-        return [fused.elementwise(graph, Kernel(0, (n.id,), "elementwise", (n.id,)), (),
-                                  slot_of=slot_of)]
-    last = n.type.ndim - 1
-    if n.op in ROW_OPS and n.type.size and last >= 0 and n.attr.get("axis", last) == last:
-        return [fused.rows(graph, Kernel(0, (n.id,), "rows", (n.id,), n.id), (), slot_of)]
-    if kind == "reduce":
-        return lower.reduction(graph, n)
-    if kind == "gemm":
-        return lower.matmul(graph, n)
-    calls = library_call(graph, n)
+    """The Calls implementing node n alone, by its op's rule (runtime/cpu/table.py); raises
+    NotImplementedError when the CPU backend has no lowering for the op. Elementwise and
+    last-axis row ops use the fused kernels' generator with one member, so fused and unfused
+    programs differ only in grouping."""
+    rule = lowering(n.op)
+    calls = rule.node(graph, n, slot_of) if rule is not None else None
     if calls is None:
         raise NotImplementedError(f"op {n.op} has no CPU lowering (node %{n.id}: "
                                   f"{format_node(graph, n).strip()})")
     return calls
+
+
+def lower_kernel(graph, kg, kernel, slot_of):
+    """The Calls running a fused kernel of passes/fuse.py (any kind but "node"): an elementwise
+    one by the fused generator, any other by the rule of the op anchoring it."""
+    if kernel.kind == "elementwise":
+        return [fused.elementwise(graph, kernel, kg.inlined, slot_of=slot_of)]
+    return lowering(graph.nodes[kernel.anchor].op).kernel(graph, kg, kernel, slot_of)
 
 
 def entry_module(graph, call, name_of):
@@ -126,7 +123,7 @@ def generate(kg, plan, name_of) -> Generated:
             body.append(f"# k{k.id} [{k.kind}]")
         body += [comment(format_node(g, g.nodes[nid]).strip()) for nid in k.nodes]
         todo = lower_node(g, g.nodes[k.root], slot_of) if k.kind == "node" else \
-            fused.lower_kernel(g, kg, k, slot_of)
+            lower_kernel(g, kg, k, slot_of)
         for c in todo:
             name, text, nargs = entry_module(g, c, name_of)
             kernels[name] = (text, nargs)

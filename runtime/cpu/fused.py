@@ -270,14 +270,16 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
 
 
 # ---- reduction with an elementwise prologue -------------------------------------------------------
-def reduce(g, kernel, inlined):
+def reduce(g, kernel, inlined, rule):
+    """A reduction (its table entry `rule`, runtime/cpu/rules.py Reduction) computing its
+    operand with the kernel's other members, a prologue."""
     n = g.nodes[kernel.anchor]
     x = g.nodes[n.inputs[0]]
     pro = [m for m in kernel.nodes if m != n.id]
     b = Builder(g, inlined)
     ext = externals(g, pro, b.vals)
-    axes = (n.attr["axis"],) if n.op == "argmax" else n.attr["axes"]
-    pats, full = reduce_pattern(x.type.shape, axes, [g.nodes[i].type.shape for i in ext])
+    pats, full = reduce_pattern(x.type.shape, rule.axes(n.attr),
+                                [g.nodes[i].type.shape for i in ext])
     xshape = tuple(d for d, _ in pats)
     names = [b.arg((i, tuple(d if f[ax] else 1 for ax, d in enumerate(xshape))))
              for i, f in zip(ext, full)]
@@ -294,39 +296,10 @@ def reduce(g, kernel, inlined):
         if store:
             lines += [f"{o}[{', '.join(subs)}] = {b.local(m)}" for m, o in stores]
         return lines, vals[x.id]
-    return reduction(g, n, pats, element, (b.params, b.args))
+    return reduction(g, n, rule, pats, element, (b.params, b.args))
 
 
 # ---- row ops over the last axis with prologue and epilogue ------------------------------------------
-# op -> (passes over the row: (setup, per element, after), the element's value). {0}, {1}: the
-# operands at (r, j); accumulators are float64, factors used per element are cast to {T}.
-_SOFTMAX_PASSES = (
-    (["m = {T}(-math.inf)"], ["m = fmaximum(m, {0})"],       # vectorises (runtime/cpu/minmax.py)
-     ["if not math.isfinite(m):", "    m = {T}(0.0)", "mt = m"]),
-    (["s = 0.0"], ["s += math.exp({0} - mt)"], ["inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"]))
-_LN_MEAN = (["mu = 0.0"], ["mu += {0}"], ["mu = mu / {D}", "mut = {T}(mu)"])
-ROW_TEMPLATES = {
-    "softmax": (_SOFTMAX_PASSES, "math.exp({0} - mt) * inv"),
-    "log_softmax": (_SOFTMAX_PASSES, "({0} - mt) - lg"),
-    "softmax_back": (((["dot = 0.0"], ["dot += {1} * {0}"], ["dt = {T}(dot)"]),),
-                     "{0} * ({1} - dt)"),
-    "rms_norm": (((["ss = 0.0"], ["ss += {0} * {0}"],
-                   ["rs = {T}(1.0 / math.sqrt(ss / {D} + {eps}))"]),), "{0} * rs"),
-    "layer_norm": ((_LN_MEAN, (["var = 0.0"], ["xc = {0} - mut", "var += xc * xc"],
-                               ["rs = {T}(1.0 / math.sqrt(var / {D} + {eps}))"])),
-                   "({0} - mut) * rs"),
-    "rms_norm_back": (((["ss = 0.0", "gx = 0.0"], ["ss += {0} * {0}", "gx += {1} * {0}"],
-                       ["q = 1.0 / math.sqrt(ss / {D} + {eps})", "rs = {T}(q)",
-                        "k = {T}(q * q * gx / {D})"]),), "rs * ({1} - {0} * k)"),
-    "layer_norm_back": ((_LN_MEAN, (["var = 0.0", "sg = 0.0", "sgx = 0.0"],
-                                    ["xc = {0} - mut", "var += xc * xc", "sg += {1}",
-                                     "sgx += {1} * xc"],
-                                    ["q = 1.0 / math.sqrt(var / {D} + {eps})", "rs = {T}(q)",
-                                     "mg = {T}(sg / {D})", "k = {T}(sgx * q * q / {D})"])),
-                        "rs * ({1} - mg - ({0} - mut) * k)"),
-}
-
-
 def _ancestors(g, members, roots):
     mem, out, todo = set(members), set(), list(roots)
     while todo:
@@ -337,28 +310,20 @@ def _ancestors(g, members, roots):
     return [m for m in members if m in out]
 
 
-# softmax storing exp(x - m) in its output row (one exp per element), when that buffer shares
-# no byte with an operand the last pass reads again
-_SOFTMAX_STORED = ((_SOFTMAX_PASSES[0], (["s = 0.0"], ["e = math.exp({0} - mt)", "{buf}[r, j] = e",
-                                                     "s += e"], ["inv = {T}(1.0 / s)"])),
-                   "{buf}[r, j] * inv")
-
-
-def rows(g, kernel, inlined, slot_of):
-    """Row op over [R, D] (D the last axis): its passes over each row recompute the prologue
-    from the loaded operands; the last pass computes the row op's value and the epilogue and
-    stores the outputs."""
+def rows(g, kernel, inlined, slot_of, rule):
+    """Row op over [R, D] (D the last axis), by its table entry `rule` (runtime/cpu/rules.py
+    Rows): its passes over each row recompute the prologue from the loaded operands; the last
+    pass computes the row op's value and the epilogue and stores the outputs."""
     n = g.nodes[kernel.anchor]
     shape, D = n.type.shape, n.type.shape[-1]
     R = n.type.size // D
     b = Builder(g, inlined)
-    passes, final = ROW_TEMPLATES[n.op]
+    passes, final = rule.passes, rule.final
     ins = [slot_of(i) for i in externals(g, kernel.nodes, b.vals)]
     fmt = {"T": NP_DTYPE[n.type.dtype], "D": D,
            "eps": typed_literal(n.attr.get("eps", 0.0), "f64")}
-    if n.op == "softmax" and n.id in kernel.outputs and \
-            not any(_overlap(slot_of(n.id), s) for s in ins):
-        passes, final = _SOFTMAX_STORED
+    if rule.stored and n.id in kernel.outputs and not any(_overlap(slot_of(n.id), s) for s in ins):
+        passes, final = rule.stored
         fmt["buf"] = b.arg((n.id, (R, D)), "o")
     ext = externals(g, kernel.nodes, b.vals)
     levels = {0: [], 1: [], 2: []}
@@ -393,8 +358,7 @@ def rows(g, kernel, inlined, slot_of):
         ["    " + ln for ln in levels[1] + lines]
     if n.type.dtype == "f32":
         b.lines = [f32_math(ln) for ln in b.lines]
-    call = b.call(par, ["from jitgraph.runtime.cpu.minmax import fmaximum"]
-                  if n.op in ("softmax", "log_softmax") else ())
+    call = b.call(par, rule.imports)
     call.fastmath = True    # the row sums vectorise; NaN/inf semantics kept (no nnan/ninf)
     return call
 
@@ -440,18 +404,3 @@ def cross_entropy(g, kernel, inlined):
     call = b.call(par)
     call.fastmath = True    # the row sums vectorise; NaN/inf semantics kept (no nnan/ninf)
     return call
-
-
-def lower_kernel(g, kg, kernel, slot_of):
-    """Calls running a fused kernel (kinds of passes/fuse.py other than "node")."""
-    if kernel.kind == "elementwise":
-        return [elementwise(g, kernel, kg.inlined, slot_of=slot_of)]
-    if kernel.kind == "gemm":
-        return [gemm(g, kernel, kg.inlined, slot_of)]
-    if kernel.kind == "rows":
-        return [rows(g, kernel, kg.inlined, slot_of)]
-    if kernel.kind == "reduce":
-        return reduce(g, kernel, kg.inlined)
-    if kernel.kind == "cross_entropy":
-        return [cross_entropy(g, kernel, kg.inlined)]
-    raise AssertionError(kernel.kind)

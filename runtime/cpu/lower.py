@@ -126,29 +126,28 @@ def plain_element(subs, store):
     return [], "x[" + ", ".join(subs) + "]"
 
 
-def reduction(graph, n, pats=None, element=plain_element, args=None):
-    """Reduction node n. A fused prologue passes its collapsed pattern `pats`, an `element`
-    function (index subscripts, store?) -> (lines, expression) and its array args; without one
-    the kernel reads its operand x."""
+def reduction(graph, n, rule, pats=None, element=plain_element, args=None):
+    """Reduction node n by its table entry `rule` (runtime/cpu/rules.py Reduction). A fused
+    prologue passes its collapsed pattern `pats`, an `element` function (index subscripts,
+    store?) -> (lines, expression) and its array args; without one the kernel reads its
+    operand x."""
     x = graph.nodes[n.inputs[0]]
-    a = n.attr
-    if n.op == "count_equal":
-        return [_count_equal(graph, n)]
-    axes = (a["axis"],) if n.op == "argmax" else a["axes"]
-    pats = pats or reduce_pattern(x.type.shape, axes)[0]
+    pats = pats or reduce_pattern(x.type.shape, rule.axes(n.attr))[0]
     xshape = tuple(d for d, _ in pats)
     kept = [ax for ax, (_, kd) in enumerate(pats) if kd == "K"]
     red = [ax for ax, (_, kd) in enumerate(pats) if kd == "R"]
     oshape = tuple(pats[ax][0] for ax in kept) or (1,)
-    cost = 2 if n.op == "logsumexp" else 1
-    par = x.type.size * cost >= PARALLEL_MIN_WORK and bool(kept) and kept[0] == 0 and xshape[0] > 1
-    memory_order = pats[-1][1] == "K" and n.op in ("sum", "mean", "max")
-    lines = (_reduce_memory_order if memory_order else _reduce_rows)(n, xshape, kept, red, par,
-                                                                   element)
+    par = x.type.size * rule.cost >= PARALLEL_MIN_WORK and bool(kept) and kept[0] == 0 and \
+        xshape[0] > 1
+    if pats[-1][1] == "K" and rule.memory is not None:
+        lines = rule.memory(_memory_nest(n, xshape, kept, red, par, element))
+    else:
+        r = _rows_nest(n, xshape, kept, red, par, element)
+        lines = r.loops + rule.rows(r)
     head = [", ".join(f"n{ax}" for ax in range(len(xshape))) + f", = {literal(xshape)}"]
     # reassociation lets LLVM split a float accumulator into vector lanes: a float64 sum over
     # [100, 16, 196] (relu backward + bias gradient) ran 4x faster; NaN/inf kept (no nnan/ninf)
-    fast = x.type.is_float and n.op != "argmax"
+    fast = x.type.is_float and rule.fastmath
     if args is None:
         return [Call("KERNEL", [(x.id, xshape), (n.id, oshape)], _kernel(["x", "out"], head + lines),
                      par, fastmath=fast)]
@@ -165,79 +164,116 @@ def _loops(axes, par, depth):
     return lines
 
 
-def _reduce_rows(n, xshape, kept, red, par, element):
+class Nest:
+    """A reduction's loop nest, as a reduction rule (runtime/cpu/table.py) sees it: `n` the
+    node, `O` the output element, `at` / `at0` the subscripts of the current / the first reduced
+    element, `count` the reduced element count, `element(subs, store)` -> (lines, expression)
+    the operand (with a fused prologue: computed; `store` at the first visit of each element).
+    Rows order (kept axes outer, reduced axes inner, scalar accumulator): `loops` the kept
+    loops, `pad` / `ipad` the indent inside them / inside the reduced loops, `inner` the reduced
+    loops, `first` the first pass over them binding `v` (a prologue stores there),
+    `elem(subs, store, pad, var)` lines binding `var`. Memory order (every axis in memory order,
+    accumulating into `out`): `kept_loops` / `all_loops`, `kpad` / `apad` their indents."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _nest(n, xshape, kept, red, element):
+    nd = len(xshape)
+    return dict(n=n, element=element, at=[f"i{ax}" for ax in range(nd)],
+                at0=["0" if ax in red else f"i{ax}" for ax in range(nd)],
+                O="out[" + (", ".join(f"i{ax}" for ax in kept) if kept else "0") + "]",
+                cast=NP_DTYPE[n.type.dtype], count=" * ".join(f"n{ax}" for ax in red), red=red)
+
+
+def _rows_nest(n, xshape, kept, red, par, element):
     """Kept axes outer, reduced axes inner, scalar accumulator (best when the last axis is
     reduced). The first inner loop visits every element once (a prologue stores there)."""
-    nd = len(xshape)
-    at = [f"i{ax}" for ax in range(nd)]
-    at0 = ["0" if ax in red else f"i{ax}" for ax in range(nd)]
-    O = "out[" + (", ".join(f"i{ax}" for ax in kept) if kept else "0") + "]"
-    cast = NP_DTYPE[n.type.dtype]
-    count = " * ".join(f"n{ax}" for ax in red)
-    lines = _loops(kept, par, 0)
+    r = Nest(**_nest(n, xshape, kept, red, element), loops=_loops(kept, par, 0))
     d = len(kept)
-    pad = "    " * d
-    inner = _loops(red, False, d)
-    ipad = "    " * (d + len(red))
+    r.pad, r.inner, r.ipad = "    " * d, _loops(red, False, d), "    " * (d + len(red))
 
-    def elem(subs, store, p=ipad, var="v"):
+    def elem(subs, store, p=r.ipad, var="v"):
         pre, e = element(subs, store)
         return [p + ln for ln in pre] + [p + f"{var} = {e}"]
-    first = inner + elem(at, True)
-    if n.op in ("sum", "mean"):
-        lines += [pad + ("acc = 0.0" if n.type.is_float else "acc = 0")] + first
-        lines += [ipad + "acc += v"]
-        lines += [pad + f"{O} = {cast}(acc / ({count}))" if n.op == "mean" else pad + f"{O} = {cast}(acc)"]
-    elif n.op == "max":
-        lines += elem(at0, False, pad, "acc") + first + [ipad + "if v > acc:", ipad + "    acc = v",
-                                                          pad + f"{O} = acc"]
-    elif n.op == "argmax":
-        (r,) = red
-        lines += elem(at0, False, pad, "best") + [pad + "bi = 0"] + first
-        lines += [ipad + "if v > best:", ipad + "    best = v", ipad + f"    bi = i{r}",
-                  pad + f"{O} = bi"]
-    elif n.op == "logsumexp":
-        lines += elem(at0, False, pad, "m") + first + [ipad + "if v > m:", ipad + "    m = v"]
-        lines += [pad + "if not math.isfinite(m):", pad + "    m = 0.0", pad + "s = 0.0"]
-        lines += inner + elem(at, False) + [ipad + "s += math.exp(v - m)",
-                                            pad + f"{O} = {cast}(math.log(s) + m)"]
-    else:   # pragma: no cover - reduction() only routes the ops above here
-        raise AssertionError(n.op)
-    return lines
+    r.elem = elem
+    r.first = r.inner + elem(r.at, True)
+    return r
 
 
-def _reduce_memory_order(n, xshape, kept, red, par, element):
+def _memory_nest(n, xshape, kept, red, par, element):
     """Loops in memory order accumulating into `out` (best when the last axis is kept)."""
-    nd = len(xshape)
-    at = [f"i{ax}" for ax in range(nd)]
-    at0 = ["0" if ax in red else f"i{ax}" for ax in range(nd)]
-    O = "out[" + ", ".join(f"i{ax}" for ax in kept) + "]"
-    kpad, apad = "    " * len(kept), "    " * nd
-    lines = _loops(kept, par, 0)
-    if n.op == "max":
-        pre, e = element(at0, False)
-        lines += [kpad + ln for ln in pre] + [kpad + f"{O} = {e}"]
-    else:
-        lines += [kpad + f"{O} = 0"]
-    pre, e = element(at, True)
-    lines += _loops(list(range(nd)), par, 0) + [apad + ln for ln in pre] + [apad + f"v = {e}"]
-    if n.op == "max":
-        lines += [apad + f"if v > {O}:", apad + f"    {O} = v"]
-    else:
-        lines += [apad + f"{O} += v"]
-    if n.op == "mean":
-        count = " * ".join(f"n{ax}" for ax in red)
-        lines += _loops(kept, par, 0) + [kpad + f"{O} = {O} / ({count})"]
-    return lines
+    return Nest(**_nest(n, xshape, kept, red, element), kept_loops=_loops(kept, par, 0),
+                all_loops=_loops(list(range(len(xshape))), par, 0), kpad="    " * len(kept),
+                apad="    " * len(xshape))
 
 
-def _count_equal(graph, n):
+# ---- the reduction rules of runtime/cpu/table.py: (rows order, memory order) per op ----------
+def sum_rows(r):
+    return [r.pad + ("acc = 0.0" if r.n.type.is_float else "acc = 0")] + r.first + \
+        [r.ipad + "acc += v", r.pad + f"{r.O} = {r.cast}(acc)"]
+
+
+def mean_rows(r):
+    return sum_rows(r)[:-1] + [r.pad + f"{r.O} = {r.cast}(acc / ({r.count}))"]
+
+
+def max_rows(r):
+    return r.elem(r.at0, False, r.pad, "acc") + r.first + \
+        [r.ipad + "if v > acc:", r.ipad + "    acc = v", r.pad + f"{r.O} = acc"]
+
+
+def argmax_rows(r):
+    (red,) = r.red
+    return r.elem(r.at0, False, r.pad, "best") + [r.pad + "bi = 0"] + r.first + \
+        [r.ipad + "if v > best:", r.ipad + "    best = v", r.ipad + f"    bi = i{red}",
+         r.pad + f"{r.O} = bi"]
+
+
+def logsumexp_rows(r):
+    return r.elem(r.at0, False, r.pad, "m") + r.first + \
+        [r.ipad + "if v > m:", r.ipad + "    m = v", r.pad + "if not math.isfinite(m):",
+         r.pad + "    m = 0.0", r.pad + "s = 0.0"] + r.inner + r.elem(r.at, False) + \
+        [r.ipad + "s += math.exp(v - m)", r.pad + f"{r.O} = {r.cast}(math.log(s) + m)"]
+
+
+def sum_memory(m):
+    pre, e = m.element(m.at, True)
+    return m.kept_loops + [m.kpad + f"{m.O} = 0"] + m.all_loops + [m.apad + ln for ln in pre] + \
+        [m.apad + f"v = {e}", m.apad + f"{m.O} += v"]
+
+
+def mean_memory(m):
+    return sum_memory(m) + m.kept_loops + [m.kpad + f"{m.O} = {m.O} / ({m.count})"]
+
+
+def max_memory(m):
+    pre0, e0 = m.element(m.at0, False)
+    pre, e = m.element(m.at, True)
+    return m.kept_loops + [m.kpad + ln for ln in pre0] + [m.kpad + f"{m.O} = {e0}"] + \
+        m.all_loops + [m.apad + ln for ln in pre] + \
+        [m.apad + f"v = {e}", m.apad + f"if v > {m.O}:", m.apad + f"    {m.O} = v"]
+
+
+def count_equal(graph, n):
     x, y = (graph.nodes[i] for i in n.inputs)
     flat = (x.type.size,)
     lines = ["c = 0", "for i in range(x.shape[0]):", "    if x[i] == y[i]:", "        c += 1",
              "out[0] = c"]
-    return Call("KERNEL", [(x.id, flat), (y.id, flat), (n.id, (1,))],
-                _kernel(["x", "y", "out"], lines))
+    return [Call("KERNEL", [(x.id, flat), (y.id, flat), (n.id, (1,))],
+                 _kernel(["x", "y", "out"], lines))]
+
+
+def concat(graph, n):
+    """One library call per operand, each writing its slab of the output (lib.embed)."""
+    ax, off, calls = n.attr["axis"], 0, []
+    for i in n.inputs:
+        starts = tuple(off if a == ax else 0 for a in range(n.type.ndim))
+        calls.append(Call("lib.embed", [(i, graph.nodes[i].type.shape), (n.id, n.type.shape),
+                                        literal(starts)]))
+        off += graph.nodes[i].type.shape[ax]
+    return calls
 
 
 # ---- matmul -------------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""The layers' nevers, read from the import statements of the sources (ast; lazy imports inside
+functions count): the IR and the ops import no pass and no runtime; passes import no runtime;
+the runtime imports neither the pipeline nor the compiler nor any pass: jitgraph/compiler.py
+runs the passes and hands the runtime their products."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"jitgraph": ROOT / "jitgraph", "jitgraph.passes": ROOT / "passes",
+            "jitgraph.runtime": ROOT / "runtime"}
+# what the runtime may still read from passes/: the kernel record and a fact the CPU lowering
+# takes from the fusion pass (data, not passes); this list may only shrink
+RUNTIME_READS = {"jitgraph.passes.fuse": {"Kernel", "rows_flags"}}
+
+
+def modules(package):
+    """{module name: path} of the package's sources (not its subpackages' of another layer)."""
+    out = {}
+    for path in sorted(PACKAGES[package].rglob("*.py")):
+        rel = path.relative_to(PACKAGES[package]).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        name = ".".join([package, *parts])
+        if package == "jitgraph" and parts and parts[0] in ("passes", "runtime"):
+            continue
+        out[name] = path
+    return out
+
+
+def imports(name, path):
+    """(imported module, imported name or None, line) for every import in the file."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            for a in node.names:
+                yield mod, a.name, node.lineno
+
+
+def targets(mod, what):
+    """The modules an import may load: `from a import b` is a.b when b is a submodule."""
+    return {mod} if what is None else {mod, f"{mod}.{what}"}
+
+
+def violations(package, forbidden, allowed=lambda mod, what: False, only=None):
+    out = []
+    for name, path in modules(package).items():
+        if only and not only(name):
+            continue
+        for mod, what, line in imports(name, path):
+            hit = [t for t in targets(mod, what) if any(t == f or t.startswith(f + ".")
+                                                       for f in forbidden)]
+            if hit and not allowed(mod, what):
+                out.append(f"{path.relative_to(ROOT)}:{line}: imports {hit[0]}")
+    return out
+
+
+def test_the_modules_are_found():
+    assert "jitgraph.ir" in modules("jitgraph") and "jitgraph.ops.registry" in modules("jitgraph")
+    assert "jitgraph.passes.pipeline" in modules("jitgraph.passes")
+    assert "jitgraph.runtime.executor" in modules("jitgraph.runtime")
+    found = {m for m, _, _ in imports("jitgraph.passes.simplify",
+                                      PACKAGES["jitgraph.passes"] / "simplify.py")}
+    assert {"jitgraph.ir", "jitgraph.passes.report"} <= found
+
+
+def test_ir_and_ops_import_no_pass_and_no_runtime():
+    core = violations("jitgraph", ["jitgraph.passes", "jitgraph.runtime", "jitgraph.compiler"],
+                      only=lambda m: m == "jitgraph.ir" or m.startswith("jitgraph.ops"))
+    assert not core, "\n".join(core)
+
+
+def test_passes_import_no_runtime():
+    bad = violations("jitgraph.passes", ["jitgraph.runtime", "jitgraph.compiler"])
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("forbidden", [["jitgraph.passes.pipeline"], ["jitgraph.compiler"],
+                                       ["jitgraph.passes"]],
+                         ids=["pipeline", "compiler", "any pass"])
+def test_runtime_runs_no_pass(forbidden):
+    bad = violations("jitgraph.runtime", forbidden,
+                     allowed=lambda mod, what: what in RUNTIME_READS.get(mod, ()))
+    assert not bad, "\n".join(bad)
+
