@@ -5,7 +5,7 @@ Usage: python bench/plan_vs_naive.py mnist_cnn_b100 transformer_block mnist_mlp_
 import statistics, time, sys
 import numpy as np
 import jitgraph as jg
-from jitgraph.workloads import WORKLOADS
+from jitgraph.cli.workloads import WORKLOADS
 for name in sys.argv[1:]:
     w = WORKLOADS[name]()
     progs = {p: jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, plan_memory=p) for p in (False, True)}

@@ -1,6 +1,6 @@
 """Per-kernel timing of a compiled program: `python bench/profile_kernels.py [batch|workload]
 [--unfused] [--in-order]` (a batch size profiles the MNIST MLP; a name from
-jitgraph/workloads.py that workload).
+jitgraph/cli/workloads.py that workload).
 
 Calls each kernel's C entry point on the program's own buffers (after one real step) and prints
 the median time per kernel, slowest first, next to the whole step's median. By default each
@@ -42,7 +42,7 @@ def profile(prog, inputs, repeat=20, in_order=False):
 if __name__ == "__main__":
     import jitgraph as jg
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    from jitgraph.workloads import WORKLOADS
+    from jitgraph.cli.workloads import WORKLOADS
     if args and args[0] in WORKLOADS:
         w = WORKLOADS[args[0]]()
         g, b, loss, opt = w.graph, w.feeds, w.loss, w.optimizer

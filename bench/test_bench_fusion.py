@@ -6,7 +6,7 @@ compares group by group:
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE pytest bench/test_bench_fusion.py \
         --benchmark-autosave          # later: --benchmark-compare
 
-`jitgraph bench` runs the same workloads (jitgraph/workloads.py) and prints the ratios.
+`jitgraph bench` runs the same workloads (jitgraph/cli/workloads.py) and prints the ratios.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import functools
 import pytest
 
 import jitgraph as jg
-from jitgraph.bench import load_workloads
+from jitgraph.cli.bench import load_workloads
 
 WL = load_workloads()
 

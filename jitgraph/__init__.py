@@ -1,4 +1,11 @@
-"""jitgraph: a JIT compiler for neural-network training graphs."""
+"""jitgraph: a JIT compiler for neural-network training graphs.
+
+The core is this folder's modules (types, registry, ir, ops/, interp, printer, serialize, validate,
+errors, init, optim, training, compiler, testing) with the passes (passes/) and the runtime
+(runtime/); the applications built on it have subpackages of their own: models/ (model
+builders, tokenizer, perplexity), formats/ (GGUF files, data sets) and cli/ (the `jitgraph`
+command, the training loop, benchmarks). The core imports no application (tests/test_layers.py).
+"""
 from .runtime.cpu.threading import set_blas_defaults as _set_blas_defaults
 
 _set_blas_defaults()   # before numpy/scipy load OpenBLAS (see runtime/cpu/threading.py)
@@ -20,16 +27,22 @@ def grad(graph, loss="loss", wrt=None, inputs=()):
     return _grad(graph, loss, wrt=wrt, inputs=inputs)[0]
 
 
+# jg.<name> -> the module it names, imported on first use
+_MODULES = {"optim": "optim", "testing": "testing", "models": "models", "formats": "formats",
+            "data": "formats.data", "gguf_io": "formats.gguf"}
+
+
 def __getattr__(name):
-    # Lazily bound so that importing jitgraph stays cheap (numba loads only when compiling).
-    if name in ("optim", "testing", "data", "models", "gguf_io"):    # import_module: `from . import x` would recurse here
+    # Lazily bound so that importing jitgraph stays cheap (numba loads only when compiling) and
+    # loads no application (models/, formats/, cli/) until one is asked for.
+    if name in _MODULES:    # import_module: `from . import x` would recurse here
         import importlib
-        return importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(f"{__name__}.{_MODULES[name]}")
     if name == "training_graph":
         from .training import training_graph
         return training_graph
     if name in ("fit", "evaluate"):
-        from . import train
+        from .cli import train
         return getattr(train, name)
     if name == "compile":
         from .compiler import compile

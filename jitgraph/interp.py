@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops.registry import get_op
+from .registry import get_op
 from .types import ShapeError
 
 

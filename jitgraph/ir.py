@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .ops.registry import Arg, get_op
+from .registry import Arg, get_op
 from .types import ShapeError, TensorType, dtype_name
 
 
@@ -201,14 +201,8 @@ class Graph:
         return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.params)} params, " \
                f"{len(self.nodes)} nodes, outputs {list(self.outputs)}>"
 
-    def to_json(self) -> str:
-        from .serialize import graph_to_json
-        return graph_to_json(self)
-
-    @staticmethod
-    def from_json(text: str) -> "Graph":
-        from .serialize import graph_from_json
-        return graph_from_json(text)
+    # to_json() and the static from_json(text) are installed by jitgraph/serialize.py (the JSON
+    # format sits above the IR: ir.py does not import it).
 
 
 # ---- rebuilding: how a pass makes a new graph --------------------------------------------------
@@ -254,7 +248,7 @@ def copy_node(g: Graph, n: Node, new: dict) -> int:
 
 # ---- graph queries ------------------------------------------------------------------------------
 def op_kind(op: str) -> str:
-    """The op's kernel form (jitgraph/ops/registry.py); "leaf" for inputs and params."""
+    """The op's kernel form (jitgraph/registry.py); "leaf" for inputs and params."""
     return "leaf" if op in LEAF_OPS else get_op(op).kind
 
 
@@ -325,43 +319,5 @@ class Tensor:
 
     __hash__ = object.__hash__
 
-    # operators (the op functions live in jitgraph.ops)
-    def __add__(self, o): from . import ops; return ops.add(self, o)
-    def __radd__(self, o): from . import ops; return ops.add(o, self)
-    def __sub__(self, o): from . import ops; return ops.sub(self, o)
-    def __rsub__(self, o): from . import ops; return ops.sub(o, self)
-    def __mul__(self, o): from . import ops; return ops.mul(self, o)
-    def __rmul__(self, o): from . import ops; return ops.mul(o, self)
-    def __truediv__(self, o): from . import ops; return ops.div(self, o)
-    def __rtruediv__(self, o): from . import ops; return ops.div(o, self)
-    def __matmul__(self, o): from . import ops; return ops.matmul(self, o)
-    def __rmatmul__(self, o): from . import ops; return ops.matmul(o, self)
-    def __neg__(self): from . import ops; return ops.neg(self)
-    def __pow__(self, p): from . import ops; return ops.pow(self, p)
-
-    @property
-    def T(self):
-        from . import ops
-        return ops.permute(self, tuple(reversed(range(self.ndim))))
-
-    def reshape(self, *shape):
-        from . import ops
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return ops.reshape(self, shape)
-
-    def sum(self, axis=None, keepdims=False):
-        from . import ops
-        return ops.sum(self, axis=axis, keepdims=keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        from . import ops
-        return ops.mean(self, axis=axis, keepdims=keepdims)
-
-    def transpose(self, *axes):
-        from . import ops
-        if not axes:
-            return self.T
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return ops.permute(self, axes)
+    # Operators and numpy-style methods (x + y, x @ w, x.T, x.reshape, x.sum, ...) are
+    # installed by jitgraph/ops/tensor_methods.py: the IR imports no op module.

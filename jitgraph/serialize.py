@@ -1,9 +1,13 @@
-"""Graphs to JSON and back. Loading validates everything and evaluates nothing from the file."""
+"""Graphs to JSON and back. Loading validates everything and evaluates nothing from the file.
+
+Importing this module gives jitgraph.ir.Graph its `to_json()` and static `from_json(text)`
+methods (the IR does not import its file format; jitgraph/__init__.py imports this module)."""
 from __future__ import annotations
 
 import json
 
 from . import init as _init
+from .ir import Graph, Node
 from .types import ShapeError, TensorType
 
 FORMAT, VERSION = "jitgraph-graph", 1
@@ -63,8 +67,7 @@ def _int_table(doc, key, what):
     return t
 
 
-def graph_from_json(text) -> "Graph":
-    from .ir import Graph, Node
+def graph_from_json(text) -> Graph:
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8", errors="strict")
@@ -141,3 +144,7 @@ def graph_from_json(text) -> "Graph":
             ArithmeticError, RecursionError) as e:     # shape rules fed attrs no builder passes
         raise GraphFormatError(f"invalid graph: {type(e).__name__}: {e}") from None
     return g
+
+
+Graph.to_json = graph_to_json
+Graph.from_json = staticmethod(graph_from_json)

@@ -60,7 +60,7 @@ def index_inputs(graph) -> dict:
     (class labels, token ids, get_rows rows: the ops' `index` facts), directly or through a
     reshape/permute/transpose/broadcast_to: each must lie in [0, bound), the smallest bound of
     the ops that read it."""
-    from .ops.registry import OPS, Arg
+    from .registry import OPS, Arg
     out = {}
     for n in graph.nodes:
         rule = OPS[n.op].index if n.op in OPS else None     # leaves (input, param) index nothing

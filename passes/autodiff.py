@@ -7,7 +7,7 @@ Gradients become outputs named `grad/<param>` (and `grad/<input>` for chosen inp
 from __future__ import annotations
 
 from jitgraph.ops.common import const
-from jitgraph.ops.registry import get_op
+from jitgraph.registry import get_op
 from jitgraph.types import ShapeError
 
 from .report import Report

@@ -30,7 +30,7 @@ import math
 from typing import NamedTuple
 
 from jitgraph.ir import LEAF_OPS, copy_node, live_nodes, op_kind, rebuild
-from jitgraph.ops.registry import cost as op_cost, get_op
+from jitgraph.registry import cost as op_cost, get_op
 
 from .report import Report
 
@@ -41,7 +41,7 @@ def expensive(n) -> bool:
 
 
 def flops(graph, n) -> int:
-    """Estimated cost of computing node n: its op's flops (jitgraph/ops/registry.py `cost`:
+    """Estimated cost of computing node n: its op's flops (jitgraph/registry.py `cost`:
     2MNK per GEMM, one per element otherwise)."""
     return n.type.size if n.op in LEAF_OPS else op_cost(graph, n).flops
 

@@ -4,7 +4,7 @@ This pass only decides grouping; the backends lower each group (runtime/cpu/fuse
 (reshape, checkpoint marks) get no kernel: they alias their operand's buffer (passes/memory.py).
 With `fuse=False` every live computing node is its own kernel ("node"). With fusion, nodes are
 grouped greedily in graph order into these kinds (the kernel's `anchor` is its non-elementwise
-member, if any), by the facts each op declares (jitgraph/ops/registry.py: its kind and the
+member, if any), by the facts each op declares (jitgraph/registry.py: its kind and the
 fusion roles it takes, never its name):
 
   elementwise  elementwise nodes of one shape (the domain), operands broadcast into it; the
@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jitgraph.ir import base, live_nodes, op_kind
-from jitgraph.ops.registry import cost, get_op, row_axis
+from jitgraph.registry import cost, get_op, row_axis
 
 from .report import Report
 
@@ -85,7 +85,7 @@ class KernelGraph:
 
     def bytes_moved(self) -> int:
         """Bytes every kernel reads and writes across its boundary (inputs + outputs); a kernel
-        of one node moves what its op's cost says (jitgraph/ops/registry.py)."""
+        of one node moves what its op's cost says (jitgraph/registry.py)."""
         nodes = self.graph.nodes
         return sum(cost(self.graph, nodes[k.root]).bytes if k.kind == "node" else
                    sum(nodes[i].type.nbytes for i in self.inputs_of(k) + self.outputs_of(k))
@@ -111,7 +111,7 @@ def forward_nodes(graph) -> frozenset:
 
 
 def roles(graph, nid) -> frozenset:
-    """The fusion roles node nid's op can take (jitgraph/ops/registry.py FUSION_ROLES)."""
+    """The fusion roles node nid's op can take (jitgraph/registry.py FUSION_ROLES)."""
     return get_op(graph.nodes[nid].op).fusion
 
 

@@ -15,7 +15,7 @@ Every slot must lie inside its region. Errors name the values, their slots and l
 from __future__ import annotations
 
 from jitgraph.ir import LEAF_OPS
-from jitgraph.ops.registry import get_op
+from jitgraph.registry import get_op
 
 
 def _kind(graph, nid):

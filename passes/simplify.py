@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 
 from jitgraph.ir import LEAF_OPS, base, copy_node, live_nodes, rebuild
-from jitgraph.ops.registry import get_op
+from jitgraph.registry import get_op
 
 from .report import Report
 
@@ -147,6 +147,8 @@ def _noop(n, xs, uses):
     same = xs and xs[0].type == n.type
     if same and (n.op in ("reshape", "broadcast_to", "cast") or
                  (n.op == "permute" and a["axes"] == tuple(range(n.type.ndim))) or
+                 (n.op == "slice" and all((s, e, st) == (0, d, 1) for (s, e, st), d in
+                                          zip(a["slices"], n.type.shape))) or
                  (n.op == "scale" and a["s"] == 1.0) or (n.op == "pow" and a["p"] == 1.0)):
         return n.inputs[0]
     return None

@@ -15,7 +15,7 @@ from jitgraph.passes.optimizer import apply_optimizer
 from jitgraph.passes.pipeline import Options
 from jitgraph.passes.simplify import simplify
 from jitgraph.testing import check_grad
-from jitgraph.workloads import WORKLOADS
+from jitgraph.cli.workloads import WORKLOADS
 
 POLICIES = [None, "marks", "sqrt", "budget:0.75", "budget:0.6"]
 

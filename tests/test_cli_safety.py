@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph import cli, gguf_io
-from jitgraph.data import Dataset, synthetic_digits
+from jitgraph import cli
+from jitgraph.formats import gguf as gguf_io
+from jitgraph.formats.data import Dataset, synthetic_digits
 from jitgraph.models import MODELS
-from jitgraph.train import evaluate
+from jitgraph.cli.train import evaluate
 
 MNIST = os.environ.get("JITGRAPH_MNIST") or os.path.join(
     os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
@@ -98,7 +99,7 @@ def test_save_errors_name_the_path_and_leave_no_temp_file(tmp_path, model_params
 
 
 def test_bench_json_path_checked_first(tmp_path, capsys, monkeypatch):
-    from jitgraph import bench
+    from jitgraph.cli import bench
     monkeypatch.setattr(bench, "run_suite", lambda *a, **k: pytest.fail("ran before the check"))
     for bad in (tmp_path, tmp_path / "nope" / "x.json"):
         with pytest.raises(SystemExit) as e:
@@ -270,7 +271,7 @@ def test_help_shows_every_default_and_no_internal_references(capsys):
 
 
 def test_ctrl_c_then_resume_ignoring_options(tmp_path, capsys, monkeypatch):
-    from jitgraph.train import Trainer
+    from jitgraph.cli.train import Trainer
     ck = tmp_path / "ck.gguf"
     real = Trainer.run_one_epoch
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph.ops.registry import OPS, register
+from jitgraph.registry import OPS, register
 from jitgraph.types import ShapeError, TensorType
 
 RTOL, ATOL = 2e-4, 2e-5   # float32 after several steps (BLAS vs numpy summation order)

@@ -191,3 +191,23 @@ def test_large_reduction_over_no_axes(fuse, plan):
     x = g.input("x", (600, 1000))
     g.output(a=jg.sum(jg.sqr(x) - x, axis=()))
     check(g, fuse, plan, steps=2)
+
+
+# ---- found by the random-graph tester (jitgraph/testing_graphs.py) ---------------------------
+VIEWS_OF_A_SCALAR = {
+    "transpose": lambda x: x.T,                        # the interpreter returned shape (1,)
+    "slice": lambda x: jg.slice(x),                    # did not compile (lib_shape.slice)
+    "slice_then_math": lambda x: jg.exp(jg.slice(x)) * 2.0,
+    "full_slice_2d": lambda x: jg.slice(jg.broadcast_to(x, (2, 3)), slice(0, 2), slice(0, 3)),
+}
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS_OF_A_SCALAR))
+@pytest.mark.parametrize("fuse,plan", CONFIGS)
+def test_views_of_a_scalar(view, fuse, plan):
+    g = jg.Graph("scalar_view")
+    x = g.input("x", ())
+    y = VIEWS_OF_A_SCALAR[view](x)
+    g.output(y=y)
+    _, outs = check(g, fuse, plan)
+    assert all(o["y"].shape == y.shape for o in outs)

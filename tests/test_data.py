@@ -1,4 +1,4 @@
-"""jitgraph.data: Dataset shuffling/batching/splitting, the MNIST IDX reader, synthetic digits."""
+"""jitgraph.formats.data: Dataset shuffling/batching/splitting, the MNIST IDX reader, synthetic digits."""
 import gzip
 import os
 import struct
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jitgraph import DataFormatError
-from jitgraph.data import Dataset, load_mnist, synthetic_digits
+from jitgraph.formats.data import Dataset, load_mnist, synthetic_digits
 
 MNIST_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
 

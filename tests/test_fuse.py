@@ -282,7 +282,7 @@ def test_adamw_update_is_one_kernel_and_matches():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mnist_mlp_b100", "mnist_cnn_b100", "transformer_block"])
 def test_workload_training_steps_fused_match_unfused(name):
-    from jitgraph import workloads
+    from jitgraph.cli import workloads
     w = workloads.WORKLOADS[name](scale=0.1)
     progs = [jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, fuse=f) for f in (True, False)]
     for _ in range(2):
@@ -324,7 +324,7 @@ def test_backward_nodes_stay_out_of_forward_kernels():
 def test_checkpointed_transformer_groups_are_acyclic(fuse):
     # recomputed GEMMs with silu epilogues once formed two groups that each read the other's
     # outputs (no single group spanned an outside node)
-    from jitgraph import workloads
+    from jitgraph.cli import workloads
     from jitgraph.passes.memory_check import check_plan
     w = workloads.WORKLOADS["transformer_block"](scale=0.25)
     st = run_pipeline(w.graph, Options(loss=w.loss, optimizer=w.optimizer, fuse=fuse,

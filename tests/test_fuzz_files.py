@@ -1,4 +1,4 @@
-"""Hostile and careless files into every loader: GGUF models and checkpoints (gguf_io), MNIST IDX
+"""Hostile and careless files into every loader: GGUF models and checkpoints (jitgraph/formats/gguf.py), MNIST IDX
 files (data.read_idx, data.load_mnist; raw and .gz) and graph JSON (Graph.from_json).
 
 The contract: a loader either loads the file or raises its own error class -- ModelFormatError
@@ -42,8 +42,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import jitgraph as jg
-from jitgraph import gguf_io
-from jitgraph.data import load_mnist, read_idx
+from jitgraph.formats import gguf as gguf_io
+from jitgraph.formats.data import load_mnist, read_idx
 from jitgraph.models import MODELS
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")

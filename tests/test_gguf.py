@@ -1,4 +1,4 @@
-"""jitgraph.gguf_io: models in ggml's MNIST GGUF layout, checkpoints, atomic writes, bad files."""
+"""jitgraph.formats.gguf: models in ggml's MNIST GGUF layout, checkpoints, atomic writes, bad files."""
 import os
 import struct
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jitgraph import ModelFormatError
-from jitgraph.gguf_io import load_checkpoint, load_model, save_checkpoint, save_model
+from jitgraph.formats.gguf import load_checkpoint, load_model, save_checkpoint, save_model
 from jitgraph.models import MODELS
 
 # ne of every tensor as mnist-common.cpp creates it (ggml_new_tensor_Nd arguments)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph.ops.registry import OPS
+from jitgraph.registry import OPS
 from jitgraph.testing import check_grad
 
 CORE = ("jitgraph.ops.elementwise", "jitgraph.ops.reduce", "jitgraph.ops.shape")

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 import jitgraph as jg
 from jitgraph import init
 from jitgraph.ir import Node
-from jitgraph.ops.registry import OPS
+from jitgraph.registry import OPS
 from jitgraph.types import TensorType
 
 

@@ -1,8 +1,13 @@
 """The layers' nevers, read from the import statements of the sources (ast; lazy imports inside
 functions count): the IR and the ops import no pass and no runtime; passes import no runtime;
 the runtime imports neither the pipeline nor the compiler nor any pass: jitgraph/compiler.py
-runs the passes and hands the runtime their products."""
+runs the passes and hands the runtime their products. The IR imports neither the op library nor
+its JSON format (the ops install Tensor's operators, serialize.py Graph's to_json/from_json), and
+the core (jitgraph/'s own modules, ops/, passes/, runtime/) imports no application: cli/,
+formats/, models/."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,10 +33,21 @@ def modules(package):
     return out
 
 
-def imports(name, path):
-    """(imported module, imported name or None, line) for every import in the file."""
+def _walk(tree, lazy):
+    """ast.walk, leaving out function bodies unless `lazy` (imports run when a function runs)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if lazy or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def imports(name, path, lazy=True):
+    """(imported module, imported name or None, line) for every import in the file (with
+    lazy=False, only those that run when the module is imported)."""
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _walk(ast.parse(path.read_text(), str(path)), lazy):
         if isinstance(node, ast.Import):
             for a in node.names:
                 yield a.name, None, node.lineno
@@ -47,12 +63,13 @@ def targets(mod, what):
     return {mod} if what is None else {mod, f"{mod}.{what}"}
 
 
-def violations(package, forbidden, allowed=lambda mod, what: False, only=None):
+def violations(package, forbidden, allowed=lambda mod, what: False, only=None,
+               lazy=lambda name: True):
     out = []
     for name, path in modules(package).items():
         if only and not only(name):
             continue
-        for mod, what, line in imports(name, path):
+        for mod, what, line in imports(name, path, lazy(name)):
             hit = [t for t in targets(mod, what) if any(t == f or t.startswith(f + ".")
                                                        for f in forbidden)]
             if hit and not allowed(mod, what):
@@ -61,7 +78,9 @@ def violations(package, forbidden, allowed=lambda mod, what: False, only=None):
 
 
 def test_the_modules_are_found():
-    assert "jitgraph.ir" in modules("jitgraph") and "jitgraph.ops.registry" in modules("jitgraph")
+    assert {"jitgraph.ir", "jitgraph.registry", "jitgraph.ops", "jitgraph.ops.shape",
+            "jitgraph.cli", "jitgraph.cli.train", "jitgraph.formats.gguf",
+            "jitgraph.models.llama"} <= set(modules("jitgraph"))
     assert "jitgraph.passes.pipeline" in modules("jitgraph.passes")
     assert "jitgraph.runtime.executor" in modules("jitgraph.runtime")
     found = {m for m, _, _ in imports("jitgraph.passes.simplify",
@@ -71,8 +90,41 @@ def test_the_modules_are_found():
 
 def test_ir_and_ops_import_no_pass_and_no_runtime():
     core = violations("jitgraph", ["jitgraph.passes", "jitgraph.runtime", "jitgraph.compiler"],
-                      only=lambda m: m == "jitgraph.ir" or m.startswith("jitgraph.ops"))
+                      only=lambda m: m in ("jitgraph.ir", "jitgraph.registry")
+                      or m.startswith("jitgraph.ops"))
     assert not core, "\n".join(core)
+
+
+def test_ir_imports_neither_the_ops_nor_serialize():
+    bad = violations("jitgraph", ["jitgraph.ops", "jitgraph.serialize"],
+                     only=lambda m: m == "jitgraph.ir")
+    assert not bad, "\n".join(bad)
+    found = {m for m, _, _ in imports("jitgraph.ir", ROOT / "jitgraph" / "ir.py")}
+    assert "jitgraph.registry" in found      # what the IR reads op facts from
+
+
+APPS = ["jitgraph.cli", "jitgraph.formats", "jitgraph.models"]
+
+
+def is_app(name):
+    return any(name == a or name.startswith(a + ".") for a in APPS)
+
+
+@pytest.mark.parametrize("package", list(PACKAGES))
+def test_the_core_imports_no_application(package):
+    """jitgraph/__init__.py is held to its module-level imports: its lazy __getattr__ is where
+    jg.fit, jg.evaluate, jg.data and jg.models reach the applications on first use."""
+    bad = violations(package, APPS, only=lambda m: not is_app(m),
+                     lazy=lambda m: m != "jitgraph")
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_jitgraph_loads_no_application():
+    code = "import sys, jitgraph; print(sorted(m for m in sys.modules if m.startswith('jitgraph')))"
+    loaded = eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=True).stdout)
+    assert "jitgraph.ops" in loaded and "jitgraph.serialize" in loaded
+    assert not [m for m in loaded if is_app(m)], loaded
 
 
 def test_passes_import_no_runtime():

@@ -13,7 +13,7 @@ from jitgraph.errors import ModelFormatError
 from jitgraph.models.llama import (LlamaConfig, greedy, llama_forward, llama_inputs, read_llama,
                                    write_llama)
 from jitgraph.ops import round_f16
-from jitgraph.tokenizer import BYTE, CONTROL, NORMAL, SPACE, Tokenizer, build_vocab
+from jitgraph.models.tokenizer import BYTE, CONTROL, NORMAL, SPACE, Tokenizer, build_vocab
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MODEL = DATA / "gguf" / "stories260K.gguf"

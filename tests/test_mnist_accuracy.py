@@ -7,9 +7,9 @@ import os
 import pytest
 
 import jitgraph as jg
-from jitgraph import data
+from jitgraph.formats import data
 from jitgraph.models import MODELS
-from jitgraph.train import evaluate, fit
+from jitgraph.cli.train import evaluate, fit
 
 MNIST = os.environ.get("JITGRAPH_MNIST") or os.path.join(
     os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")

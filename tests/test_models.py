@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph.data import synthetic_digits
+from jitgraph.formats.data import synthetic_digits
 from jitgraph.models import MODELS, mnist_cnn, mnist_fc
 from jitgraph.testing import check_grad
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jitgraph as jg
-from jitgraph.ops.registry import OPS
+from jitgraph.registry import OPS
 
 RTOL = {"f32": 2e-6, "f64": 1e-12}
 X = np.array([-40.0, -3.5, -1.0, -0.25, 0.0, 0.3, 1.0, 2.0, 7.5, 30.0, -1e-3, 1e-3, 0.5])  # 13

@@ -1,4 +1,4 @@
-"""Perplexity with llama.cpp's method (jitgraph.perplexity): llama.cpp's value for stories260K on
+"""Perplexity with llama.cpp's method (jitgraph.models.perplexity): llama.cpp's value for stories260K on
 the held-out tail of tiny shakespeare, the method against an independent float64 numpy
 computation on a tiny random model, and the byte-split convention."""
 import math
@@ -9,8 +9,8 @@ import pytest
 
 import jitgraph.compiler
 from jitgraph.models.llama import LlamaConfig, llama_forward
-from jitgraph.perplexity import perplexity, split_text
-from jitgraph.tokenizer import build_vocab
+from jitgraph.models.perplexity import perplexity, split_text
+from jitgraph.models.tokenizer import build_vocab
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MODEL = DATA / "gguf" / "stories260K.gguf"
@@ -32,6 +32,21 @@ def test_stories260k_tinyshakespeare_matches_llama_cpp():
     assert len(r.running) == 547 and r.running[-1] == pytest.approx(r.ppl, rel=1e-12)
     assert abs(r.ppl / 156.82 - 1) < 0.005, r.ppl
     assert 0 < r.uncertainty < 0.05 * r.ppl
+
+
+@pytest.mark.skipif(not (MODEL.exists() and SHAKESPEARE.exists()),
+                    reason=f"{MODEL} or {SHAKESPEARE} is not present")
+def test_the_perplexity_command(capsys):
+    import json
+
+    from jitgraph import cli
+    assert cli.main(["perplexity", str(MODEL), "--text", str(SHAKESPEARE), "--ctx", "128",
+                     "--batch-size", "16", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (out["chunks"], out["scored_tokens"]) == (547, 34461)
+    assert abs(out["perplexity"] / 156.82 - 1) < 0.005
+    assert cli.main(["perplexity", str(MODEL), "--quiet"]) == 2        # no --text
+    assert "--text FILE is required" in capsys.readouterr().err
 
 
 # ---- the method against numpy -----------------------------------------------------------------

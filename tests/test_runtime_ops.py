@@ -233,7 +233,7 @@ def _ulps(got, exact):
     return np.abs(got.astype(np.float64) - exact) / np.spacing(np.abs(exact).astype(np.float32))
 
 
-def test_f32_exp_and_tanh_approximations_are_within_2_ulp():
+def test_f32_exp_and_tanh_approximations_are_within_4_ulp():
     from numba import njit
 
     from jitgraph.runtime.cpu.approx import fexp, ftanh
@@ -250,11 +250,14 @@ def test_f32_exp_and_tanh_approximations_are_within_2_ulp():
     apply_both(x, e, t)
     x64 = x.astype(np.float64)
     assert _ulps(e, np.exp(x64)).max() <= 2
-    assert _ulps(t, np.tanh(x64)).max() <= 2
+    assert _ulps(t, np.tanh(x64)).max() <= 4       # the bound issue 16 sets for f32
     special = np.array([np.nan, np.inf, -np.inf, 89.0, -88.0, -1e4, 1e4, 0.0], np.float32)
     e, t = np.empty_like(special), np.empty_like(special)
     apply_both(special, e, t)
-    np.testing.assert_array_equal(e, [np.nan, np.inf, 0, np.inf, 0, 0, np.inf, 1])
+    # results below FLT_MIN are subnormals (exp(-88) = 6.05e-39), not flushed to 0
+    with np.errstate(over="ignore"):
+        want = np.exp(special.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(e, want)
     np.testing.assert_array_equal(t, [np.nan, 1, -1, 1, -1, -1, 1, 0])
 
 
@@ -287,7 +290,7 @@ def test_every_kernel_output_matches_interpreter_on_nan_arena(fuse):
     """Regression (issue 4/5): a GEMM kernel with several outputs (transformer block: matmul,
     silu, mul) must write all of each output; a planned arena starting as NaN exposes any
     element it skips. Each kernel's outputs are compared with the interpreter right after it."""
-    from jitgraph.workloads import WORKLOADS
+    from jitgraph.cli.workloads import WORKLOADS
     w = WORKLOADS["transformer_block"](scale=0.1)
     prog = jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, fuse=fuse, plan_memory=True)
     g = prog._products.graph

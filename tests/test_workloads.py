@@ -1,5 +1,5 @@
-"""The transformer model (jitgraph/models/transformer.py), the bench workloads (jitgraph/workloads.py)
-and the suite runner's bookkeeping (jitgraph/bench.py), at tiny sizes under the interpreter."""
+"""The transformer model (jitgraph/models/transformer.py), the bench workloads (jitgraph/cli/workloads.py)
+and the suite runner's bookkeeping (jitgraph/cli/bench.py), at tiny sizes under the interpreter."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jitgraph as jg
-from jitgraph import bench
+from jitgraph.cli import bench
 from jitgraph.interp import check_feed
 from jitgraph.models.transformer import sample_inputs, transformer
 from jitgraph.testing import check_grad
@@ -197,7 +197,7 @@ def test_primitive_workloads_are_their_op_versions(name):
 
 @pytest.mark.parametrize("name", ["ew_chain", "ew_chain_math"])
 def test_ew_chains_are_eight_elementwise_ops(name):
-    from jitgraph.ops.registry import get_op
+    from jitgraph.registry import get_op
     g = WL.WORKLOADS[name](scale=1 / 64).graph
     ops_ = [n.op for n in g.nodes if n.op not in ("param", "input")]
     assert len(ops_) == 8 and all(get_op(o).kind == "elementwise" for o in ops_)

@@ -1,6 +1,6 @@
 """Llama models in llama.cpp's GGUF layout: the config (`llama.*` metadata), weights (read: F32,
 F16, BF16, Q8_0 and the other types gguf.quants dequantizes; written: F32, F16 or Q8_0), the
-tokenizer (jitgraph.tokenizer), and the forward graph llama.cpp's build_llama computes.
+tokenizer (jitgraph.models.tokenizer), and the forward graph llama.cpp's build_llama computes.
 
 Params carry the GGUF tensor names and numpy layout: a GGUF tensor of ggml shape [ne0, ne1] is a
 row-major array of shape (ne1, ne0), so a projection `blk.N.attn_q.weight` is [out, in] and is
@@ -300,12 +300,12 @@ def read_llama(path):
     jitgraph.ModelFormatError naming it)."""
     import gguf
 
-    from .. import gguf_io
+    from ..formats.gguf import _header
     from ..errors import ModelFormatError
-    from ..tokenizer import Tokenizer
+    from .tokenizer import Tokenizer
     path = os.fspath(path)
     with open(path, "rb") as f:
-        gguf_io._header(f, path)              # every count and extent checked against the size
+        _header(f, path)                      # every count and extent checked against the size
     try:
         r = gguf.GGUFReader(path)
         md = {k: fl.contents() for k, fl in r.fields.items()}

@@ -1,6 +1,7 @@
-"""The op library. Each module registers its ops (jitgraph.ops.registry.OPS) and defines the
-user-facing functions re-exported here and in the jitgraph namespace."""
-from .registry import OPS, OpDef, get_op, register, defvjp  # noqa: F401
+"""The op library. Each module registers its ops (jitgraph.registry.OPS) and defines the
+user-facing functions re-exported here and in the jitgraph namespace; tensor_methods gives
+jitgraph.ir.Tensor its operators (x + y, x @ w, x.T, x.sum(), ...)."""
+from ..registry import OPS, OpDef, get_op, register, defvjp  # noqa: F401
 from .common import apply, const  # noqa: F401
 from .elementwise import (  # noqa: F401
     add, sub, mul, div, maximum, minimum, neg, scale, pow, sqr, sqrt, exp, log, abs, sgn, step,
@@ -13,3 +14,4 @@ from .loss import *  # noqa: F401,F403
 from .marks import checkpoint  # noqa: F401
 from .f16 import round_f16  # noqa: F401
 from . import update as _update  # noqa: F401  (registers the fused optimizer-update ops)
+from . import tensor_methods as _tensor_methods  # noqa: F401  (installs Tensor's operators)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..types import ShapeError, TensorType
 from .common import apply, need_float, same_dtype
-from .registry import REQUIRED, Arg, register
+from ..registry import REQUIRED, Arg, register
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d"]
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..types import ShapeError, TensorType
 from .common import apply, broadcast, elementwise_type, same_dtype, unbroadcast
-from .registry import register
+from ..registry import register
 
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_COEF_A = 0.044715

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .common import apply, elementwise_type
-from .registry import register
+from ..registry import register
 
 # quantum exponent: 2^(e - 11) for |x| in [2^(e-1), 2^e), never below half's 2^-24
 _Q = "(max(math.frexp({0})[1], -13) - 11)"

@@ -6,7 +6,7 @@ import numpy as np
 from ..types import ShapeError, TensorType
 from .common import apply, need_float, same_dtype
 from .nn import log_softmax_ref
-from .registry import register
+from ..registry import register
 
 __all__ = ["cross_entropy", "mse"]
 

@@ -7,7 +7,7 @@ is a view (it aliases its operand's buffer) and its gradient passes straight thr
 from __future__ import annotations
 
 from .common import apply
-from .registry import register
+from ..registry import register
 
 register("checkpoint", arity=1, kind="view", infer=lambda args, a: args[0].type,
          ref=lambda a, x: x.copy(), vjp=lambda g, out, xs, a: [g],

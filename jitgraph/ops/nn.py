@@ -10,7 +10,7 @@ import numpy as np
 from ..types import ShapeError, TensorType
 from .common import apply, need_float, norm_axis, same_dtype
 from .conv import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (re-exported)
-from .registry import register
+from ..registry import register
 
 __all__ = ["softmax", "log_softmax", "rms_norm", "layer_norm", "rope", "causal_mask", "conv2d",
            "max_pool2d", "avg_pool2d", "linear"]

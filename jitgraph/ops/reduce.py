@@ -5,7 +5,7 @@ import numpy as np
 
 from ..types import ShapeError, TensorType
 from .common import apply, need_float, norm_axes, norm_axis, same_dtype
-from .registry import defvjp, register
+from ..registry import defvjp, register
 
 _AX = {"axes": ("ints", ()), "keepdims": ("bool", False)}
 

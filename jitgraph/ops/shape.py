@@ -8,7 +8,7 @@ import numpy as np
 
 from ..types import ShapeError, TensorType, broadcast_shapes
 from .common import apply, norm_axis, same_dtype, unbroadcast
-from .registry import REQUIRED, Arg, defvjp, register
+from ..registry import REQUIRED, Arg, defvjp, register
 
 
 def _prod(shape):
@@ -41,7 +41,7 @@ def _permute_infer(args, a):
 
 
 register("permute", arity=1, kind="opaque", attrs={"axes": ("ints", ())}, infer=_permute_infer,
-         ref=lambda a, x: np.ascontiguousarray(np.transpose(x, a["axes"])))
+         ref=lambda a, x: np.array(np.transpose(x, a["axes"]), order="C"))  # 0-d stays 0-d
 
 
 def _broadcast_to_infer(args, a):
@@ -101,7 +101,7 @@ def _np_index(slices):
 
 
 register("slice", arity=1, kind="opaque", attrs={"slices": ("slices", ())}, infer=_slice_infer,
-         ref=lambda a, x: np.ascontiguousarray(x[_np_index(a["slices"])]),
+         ref=lambda a, x: np.array(x[_np_index(a["slices"])], order="C"),
          doc="slices=((start, stop, step), ...) per axis, normalised (stop=-1: "
              "before index 0 with a negative step)")
 

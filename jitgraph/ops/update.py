@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .common import elementwise_type
-from .registry import register
+from ..registry import register
 
 
 def _ema_ref(a, old, x):

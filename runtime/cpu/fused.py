@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from jitgraph.ops.registry import get_op
+from jitgraph.registry import get_op
 
 from jitgraph.passes.fuse import rows_flags
 

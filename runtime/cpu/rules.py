@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from jitgraph.ops.registry import row_axis
+from jitgraph.registry import row_axis
 from jitgraph.passes.fuse import Kernel
 
 from . import fused, lower

@@ -11,7 +11,7 @@ Row templates: (passes over the row: (setup, per element, after), the element's 
 """
 from __future__ import annotations
 
-from jitgraph.ops.registry import get_op
+from jitgraph.registry import get_op
 
 from . import fused, lower
 from .rules import ELEMENTWISE, Gemm, Library, Own, Reduction, Rows

@@ -93,7 +93,7 @@ def _describe_data(args, train_ds, test_ds):
 
 def _load_data(args, need_train=True):
     """(train, test) data sets: real MNIST from --data, else the built-in synthetic digits."""
-    from . import data
+    from ..formats import data
     if args.data:
         if not os.path.isdir(args.data):
             raise FileNotFoundError(f"--data {args.data}: no such directory")
@@ -132,7 +132,7 @@ def _compile_progress(args, what):
         yield
         return
     from tqdm import tqdm
-    from .runtime import cache
+    from ..runtime import cache
     bar = None
 
     def report(done, total):
@@ -199,9 +199,9 @@ def _check_meta(path, meta):
 
 def _train(args):
     import numpy as np
-    from . import compile as jg_compile, optim
-    from .gguf_io import check_writable, load_checkpoint, save_checkpoint, save_model
-    from .models import MODELS
+    from .. import compile as jg_compile, optim
+    from ..formats.gguf import check_writable, load_checkpoint, save_checkpoint, save_model
+    from ..models import MODELS
     from .train import Trainer, evaluate, train_samples
 
     # everything that can fail is checked before anything compiles or trains
@@ -309,9 +309,9 @@ def _train(args):
 
 
 def _eval(args):
-    from . import compile as jg_compile
-    from .gguf_io import load_model, trained_on
-    from .models import MODELS
+    from .. import compile as jg_compile
+    from ..formats.gguf import load_model, trained_on
+    from ..models import MODELS
     from .train import evaluate
     _check_model_file(args.model_file, "model")
     arch, params = load_model(args.model_file)
@@ -342,9 +342,53 @@ def _eval(args):
     return 0
 
 
+def _perplexity(args):
+    from ..models.llama import read_llama
+    from ..models.perplexity import perplexity, split_text
+    _check_model_file(args.model_file, "model")
+    model = read_llama(args.model_file)
+    if args.text is None:
+        raise ValueError("--text FILE is required: the text to score (e.g. "
+                         "../shared/data/text/tinyshakespeare.txt)")
+    _check_model_file(args.text, "--text")
+    text = split_text(args.text, args.split)
+    _say(args, f"{args.model_file}: {model[0].layers} layers, width {model[0].dim}; text "
+               f"{args.text} ({args.split}: {len(text.encode())} bytes), n_ctx {args.ctx}")
+    bar = None if args.quiet or not sys.stderr.isatty() else _tqdm_bar("perplexity")
+    res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
+                     progress=None if bar is None else bar)
+    if bar is not None:
+        bar.close()
+    _say(args, res)
+    if args.json:
+        print(json.dumps({"perplexity": res.ppl, "uncertainty": res.uncertainty,
+                          "chunks": res.chunks, "scored_tokens": res.scored,
+                          "n_ctx": args.ctx, "seconds": res.seconds,
+                          "tokens_per_second": res.tokens_per_second}))
+    return 0
+
+
+class _tqdm_bar:
+    """progress(chunks_done, n_chunks, running_ppl) as a tqdm bar on the terminal."""
+
+    def __init__(self, desc):
+        self.desc, self.bar = desc, None
+
+    def __call__(self, done, total, ppl):
+        from tqdm import tqdm
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc=self.desc, unit="chunk", leave=False)
+        self.bar.update(done - self.bar.n)
+        self.bar.set_postfix(ppl=f"{ppl:.2f}")
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _dump(args):
-    from . import compile as jg_compile, optim
-    from .models import MODELS
+    from .. import compile as jg_compile, optim
+    from ..models import MODELS
     graph = MODELS[args.model](args.batch_size)
     if args.stage == "graph":
         print(graph)
@@ -373,7 +417,7 @@ def _common_data(p):
 
 
 def parser():
-    from .models import MODELS
+    from ..models import MODELS
     models = sorted(MODELS)
     p = argparse.ArgumentParser(
         prog="jitgraph", formatter_class=_HelpFormatter,
@@ -436,6 +480,25 @@ def parser():
     d.add_argument("--quiet", action="store_true", help="no compile progress bar")
     d.set_defaults(fn=_dump, parser=d)
 
+    q = command("perplexity", "perplexity of a llama GGUF model on a text, with llama.cpp's "
+                              "method")
+    q.add_argument("model_file", metavar="MODEL.gguf", help="a llama model in llama.cpp's GGUF "
+                                                          "layout")
+    q.add_argument("--text", metavar="FILE", help="the text to score (UTF-8); required")
+    q.add_argument("--split", default="tail:0.1", metavar="SPEC",
+                   help="which part of the file: tail:F (its last F of bytes: the held-out "
+                        "split), head:F (the rest), all")
+    q.add_argument("--ctx", type=_int_at_least(3), default=128, metavar="N",
+                   help="tokens per chunk (n_ctx); the second half of each chunk is scored")
+    q.add_argument("--batch-size", type=_int_at_least(1), default=8, metavar="B",
+                   help="chunks per compiled forward pass")
+    q.add_argument("--kv-f16", action="store_true",
+                   help="round K, V, queries and attention probabilities to float16 as "
+                        "llama.cpp's F16 KV cache does (slower)")
+    q.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    q.add_argument("--quiet", action="store_true", help="print only the JSON / the result")
+    q.set_defaults(fn=_perplexity, parser=q)
+
     sub.add_parser("bench", help="fused against unfused benchmark suite (see `jitgraph bench "
                                  "--help`)", add_help=False)
     return p
@@ -497,7 +560,3 @@ def _message(e) -> str:
     if isinstance(e, OSError) and e.strerror and e.filename:
         return f"{e.filename}: {e.strerror}"
     return str(e)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

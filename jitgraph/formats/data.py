@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 
-from .errors import DataFormatError
+from ..errors import DataFormatError
 
 
 class Dataset:

@@ -1,4 +1,8 @@
-"""The op registry: every op is declared once, here or in a sibling module, as an OpDef.
+"""The op registry: every op is declared once, by a module of jitgraph/ops/, as an OpDef.
+
+This module is the registry's machinery only (OpDef, OPS, register, get_op, Arg, the attribute
+kinds, cost), so that the IR (ir.py, interp.py, validate.py) reads op facts without loading the
+op library; jitgraph/ops/ fills OPS when it is imported (jitgraph/__init__.py imports it).
 
 An OpDef holds the attribute schema, the shape/dtype rule, the reference numpy implementation
 (the oracle for every backend), the vjp rule (used by passes/autodiff.py) and the op's
@@ -19,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..types import DTYPES, ShapeError, TensorType
+from .types import DTYPES, ShapeError, TensorType
 
 REQUIRED = object()
 
@@ -198,7 +202,7 @@ def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", ex
     if kind not in KINDS or not set(fusion) <= set(FUSION_ROLES) or (kind == "elementwise") != \
             (expr is not None):
         raise RuntimeError(f"op {name!r}: kind {kind!r}, fusion {sorted(fusion)} or expr "
-                           f"{expr!r} not as jitgraph/ops/registry.py defines them")
+                           f"{expr!r} not as jitgraph/registry.py defines them")
     OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index,
                       frozenset(fusion), pairs_with, cheap, flops, bytes)
     return OPS[name]

@@ -96,7 +96,7 @@ class Tokenizer:
         import gguf
         r = path_or_reader
         if not isinstance(r, gguf.GGUFReader):
-            from .gguf_io import _header        # bounds-checks the header before gguf parses it
+            from ..formats.gguf import _header        # bounds-checks the header before gguf parses it
             path = os.fspath(r)
             with open(path, "rb") as f:
                 _header(f, path)

@@ -7,7 +7,7 @@ run `repeat` timed steps (time.perf_counter), and the median is reported (the JS
 minimum too). For workloads with matmuls the table also gives the
 time of their GEMMs alone ("gemm ms", `gemm_seconds`) and the ratio it allows at best ("bound":
 unfused / gemm time): fusion cannot make a step faster than its GEMMs. The workloads live in
-jitgraph/workloads.py.
+jitgraph/cli/workloads.py.
 Benchmarks are meant to run as on a user's machine: `env -u OPENBLAS_CORETYPE -u
 OPENBLAS_L2_SIZE jitgraph bench` (those variables halve OpenBLAS's sgemm speed here); the
 header and the JSON say which BLAS kernel ran.
@@ -31,7 +31,7 @@ QUICK_SCALE = 0.25                # --quick: every workload at a quarter of its 
 
 
 def load_workloads():
-    """The workload builders (jitgraph/workloads.py: WORKLOADS, FUSION, CHECKPOINT)."""
+    """The workload builders (jitgraph/cli/workloads.py: WORKLOADS, FUSION, CHECKPOINT)."""
     from . import workloads
     return workloads
 
@@ -376,7 +376,7 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(known)}")
     if args.json:
-        from .gguf_io import check_writable
+        from ..formats.gguf import check_writable
         try:
             check_writable(args.json, "--json")
         except OSError as e:

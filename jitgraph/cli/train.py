@@ -206,10 +206,10 @@ def fit(model, dataset, *, epochs=1, batch_size=None, logical_batch=None, val_sp
     training program) on `dataset` for `epochs`. A logical batch larger than the graph's batch
     uses gradient accumulation. Returns the list of EpochLog (train and validation results).
     Each callback is called as `callback(trainer, epoch_log)` after every epoch."""
-    from .ir import Graph
+    from ..ir import Graph
     program = model
     if isinstance(model, Graph):
-        from . import compile as jg_compile, optim
+        from .. import compile as jg_compile, optim
         batch = model.nodes[model.inputs["x"]].type.shape[0]
         if batch_size not in (None, batch):
             raise ValueError(f"batch_size {batch_size} differs from the graph's batch {batch}")

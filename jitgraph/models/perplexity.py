@@ -124,7 +124,7 @@ def nll_of_logits(logits, targets) -> np.ndarray:
 
 def _load(model):
     """(cfg, params, tokenizer or None) from a path or read_llama's tuple."""
-    from .models.llama import read_llama
+    from .llama import read_llama
     if isinstance(model, (str, bytes, os.PathLike)):
         return read_llama(model)
     if isinstance(model, (tuple, list)) and len(model) in (2, 3):
@@ -148,8 +148,8 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
     vocabulary adds BOS (else nothing is replaced), False: never.
     Raises ValueError when the text has fewer than 2 * n_ctx tokens (llama.cpp's rule) or n_ctx
     is out of range."""
-    from .compiler import compile as jg_compile
-    from .models.llama import llama_forward
+    from ..compiler import compile as jg_compile
+    from .llama import llama_forward
 
     cfg, params, tok = _load(model)
     n_ctx, batch = int(n_ctx), int(batch)

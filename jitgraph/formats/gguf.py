@@ -20,7 +20,7 @@ import struct
 import gguf
 import numpy as np
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
 
 ARCH_KEY = "general.architecture"
 CHECKPOINT_KEY = "jitgraph.checkpoint"
@@ -30,7 +30,7 @@ _STATE_DTYPES = (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32
 
 
 def _spec(arch, path):
-    from .models import MODELS
+    from ..models import MODELS
     if arch not in MODELS:
         raise ValueError(f"{path}: unknown architecture {arch!r} (expected one of {sorted(MODELS)})")
     return MODELS[arch]

@@ -1,0 +1,3 @@
+"""File formats and data sets: GGUF models and checkpoints in ggml's MNIST layout (gguf), the
+MNIST IDX reader, `Dataset` and the built-in synthetic digits (data)."""
+from . import data, gguf  # noqa: F401
