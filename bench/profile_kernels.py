@@ -14,28 +14,14 @@ import numpy as np
 
 from mlp_common import mnist_mlp, random_batch
 
+from jitgraph.cli.roofline import describe, time_kernels
+
 
 def profile(prog, inputs, repeat=20, in_order=False):
-    prog.step(**inputs)
-    regions = {"arena": prog._arena.ctypes.data, "persist": prog._persist.ctypes.data}
-    calls = []
-    for nid, name, addrs in prog._products.module.calls:
-        fn = getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes
-        k = next(k for k in prog._products.kernels.kernels if k.root == nid)
-        what = " ".join(f"%{i} {prog.graph.nodes[i].op}" for i in k.nodes)
-        calls.append((fn, [regions[r] + off for r, off in addrs],
-                      f"{what} : {prog.graph.nodes[nid].type}"))
-    times = np.zeros((repeat, len(calls)))
-    order = [(r, c) for r in range(repeat) for c in range(len(calls))] if in_order else \
-        [(r, c) for c in range(len(calls)) for r in range(repeat)]
-    for r, c in order:              # step by step (in order), or kernel by kernel
-        if in_order and c == 0:
-            prog._feed(inputs)
-        fn, args, _ = calls[c]
-        t = time.perf_counter()
-        fn(*args)
-        times[r, c] = time.perf_counter() - t
-    rows = [(us, what) for us, (_, _, what) in zip(np.median(times, axis=0) * 1e6, calls)]
+    """(microseconds, kernel) per kernel: in step order, or slowest first (the timing is
+    jitgraph/cli/roofline.py's, shared with `jitgraph bench --roofline`)."""
+    rows = [(s * 1e6, describe(prog.graph, k, width=10**6))
+            for k, s in time_kernels(prog, inputs, repeat, in_order)]
     return rows if in_order else sorted(rows, reverse=True)
 
 

@@ -2,13 +2,16 @@
 
 Per function and dtype, on N elements (default 4M): a single-threaded @njit loop over the
 approx function (the shape of a generated elementwise kernel), optionally the same loop with
-parallel=True (prange), and numpy's own function or, for the ops numpy lacks, numpy's formula
-written with `out=` buffers (no temporaries allocated in the timed region). The sides run
-interleaved, one call each per round, and each figure is the median over the rounds: the
-machine is shared and its speed comes in spells. `numpy/jit` > 1 means the loop is faster.
+parallel=True (prange), optionally (--steps) the compiled op itself (a jitgraph program
+computing op(x) from a param, `prog.run()` with copy_outputs=False: the generated kernel, its
+parallel decision and the step's overhead), and numpy's own function or, for the ops numpy
+lacks, numpy's formula written with `out=` buffers (no temporaries allocated in the timed
+region). The sides run interleaved, one call each per round, and each figure is the median
+over the rounds: the machine is shared and its speed comes in spells. `numpy/jit` > 1 means the
+loop is faster, `numpy/step` > 1 the compiled op.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/unary_bench.py [--n N]
-        [--repeat R] [--parallel] [--only exp,log,...] [--dtype f32|f64]
+        [--repeat R] [--parallel] [--steps] [--only exp,log,...] [--dtype f32|f64]
 """
 from __future__ import annotations
 
@@ -23,21 +26,10 @@ from numba import njit, prange
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from jitgraph.cli.roofline import sgemm_gflops  # noqa: E402
 from jitgraph.runtime.cpu import approx  # noqa: E402
 
 C, K = 0.7978845608028654, 0.044715     # jitgraph/ops/elementwise.py's gelu constants
-
-
-def sgemm_gflops(n=1024, repeat=7) -> float:
-    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-    b, c = a.copy(), np.empty_like(a)
-    np.dot(a, b, out=c)
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        np.dot(a, b, out=c)
-        ts.append(time.perf_counter() - t)
-    return 2 * n ** 3 / np.median(ts) / 1e9
 
 
 def header() -> str:
@@ -167,13 +159,29 @@ def inputs(name, dtype, n):
     return x.astype(dtype), rng.uniform(-1, 1, n).astype(dtype)
 
 
-def bench_one(name, dtype, n, repeat, parallel):
+def compiled_op(name, x, g):
+    """`prog.run` of a program computing op `name` of params x (and g), outputs as views."""
+    import jitgraph as jg
+    from jitgraph import init
+    dt = np.dtype(x.dtype).name.replace("float", "f")
+    graph = jg.Graph(f"unary_{name}")
+    xp = graph.param("x", x.shape, dt, init=init.zeros(), trainable=False)
+    gp = graph.param("g", g.shape, dt, init=init.zeros(), trainable=False)
+    graph.output(out=jg.apply(name, xp, gp) if name in BINARY else jg.apply(name, xp))
+    prog = jg.compile(graph, copy_outputs=False)
+    prog.params["x"], prog.params["g"] = x, g
+    return prog.run
+
+
+def bench_one(name, dtype, n, repeat, parallel, steps=False):
     x, g = inputs(name, dtype, n)
     o, t = np.empty_like(x), np.empty_like(x)
     base = name.replace("_expit", "")
     sides = {"jit": lambda f=make_loop(base, False): f(x, g, o)}
     if parallel:
         sides["jit-par"] = lambda f=make_loop(base, True): f(x, g, o)
+    if steps:
+        sides["step"] = compiled_op(base, x, g)
     sides["numpy"] = lambda f=NUMPY[name][1]: f(x, g, o, t)
     with np.errstate(all="ignore"):
         for f in sides.values():
@@ -192,6 +200,7 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=4_000_000)
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--parallel", action="store_true", help="also time a prange loop")
+    ap.add_argument("--steps", action="store_true", help="also time the compiled op (prog.run)")
     ap.add_argument("--only", default="", help="comma-separated function names")
     ap.add_argument("--dtype", default="f32,f64")
     a = ap.parse_args(argv)
@@ -200,16 +209,18 @@ def main(argv=None):
     print(header())
     print(f"# {a.n} elements, median of {a.repeat} interleaved rounds; ms")
     cols = ["function", "dtype", "jit"] + (["jit-par"] if a.parallel else []) + \
-        ["numpy", "numpy side", "numpy/jit"]
+        (["step"] if a.steps else []) + ["numpy", "numpy side", "numpy/jit"] + \
+        (["numpy/step"] if a.steps else [])
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for dtype in dtypes:
         for name in names:
-            r = bench_one(name, dtype, a.n, a.repeat, a.parallel)
+            r = bench_one(name, dtype, a.n, a.repeat, a.parallel, a.steps)
             row = [name, np.dtype(dtype).name, f"{r['jit'] * 1e3:.2f}"]
-            if a.parallel:
-                row.append(f"{r['jit-par'] * 1e3:.2f}")
+            row += [f"{r[k] * 1e3:.2f}" for k in ("jit-par", "step") if k in r]
             row += [f"{r['numpy'] * 1e3:.2f}", NUMPY[name][0], f"{r['numpy'] / r['jit']:.2f}x"]
+            if "step" in r:
+                row.append(f"{r['numpy'] / r['step']:.2f}x")
             print("| " + " | ".join(row) + " |", flush=True)
     return 0
 

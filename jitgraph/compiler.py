@@ -14,7 +14,7 @@ from functools import partial
 
 def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memory=True,
             checkpoint=None, *, seed=0, check_finite=False, check_indices=True,
-            copy_outputs=True):
+            copy_outputs=True, share=None):
     """Compile `graph` into a Program (see runtime/executor.py).
 
     loss: name of a scalar output to differentiate (adds grad/<param> outputs); optimizer: a
@@ -32,14 +32,42 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     changed); False skips the check, and an out-of-range index then reads outside its table.
     copy_outputs: `step` returns fresh arrays (True) or read-only views of the program's own
     buffers (False): no copy, but a view is valid only until the next `step` overwrites it.
+    share: another Program whose params this one uses: each param of `graph` (same name, same
+    type) lives at that program's slot in its persistent region, so weights assigned or updates
+    made (a KV cache) through either program are seen by both (a decode and a prefill program,
+    jitgraph/models/generate.py). Forward programs only (no optimizer); `seed` is then unused.
     """
     from .passes.pipeline import Options
     from .runtime.backend import get_backend
     backend = get_backend(target)
     opts = Options(loss=loss, optimizer=optimizer, fuse=fuse, plan_memory=plan_memory,
                    checkpoint=checkpoint, check_finite=check_finite)
-    return build_program(graph, opts, backend, seed=seed, copy_outputs=copy_outputs,
-                         check_indices=check_indices)
+    persist = None
+    if share is not None:
+        opts.param_slots, persist = _shared_params(graph, share, optimizer)
+    return build_program(graph, opts, backend, seed=seed, persist=persist,
+                         copy_outputs=copy_outputs, check_indices=check_indices)
+
+
+def _shared_params(graph, share, optimizer):
+    """(param name -> Slot, persistent region) of program `share` for the params of `graph`;
+    a ValueError names a param `share` lacks or holds with another type."""
+    from .runtime.executor import Program
+    if not isinstance(share, Program):
+        raise TypeError(f"compile: share must be a compiled Program, got {type(share).__name__}")
+    if optimizer is not None:
+        raise ValueError("compile: share= is for forward programs; an optimizer's state cannot "
+                         "live in another program's region")
+    theirs = share.graph
+    for name, nid in graph.params.items():
+        if name not in theirs.params:
+            raise ValueError(f"compile: share: param {name!r} of graph {graph.name} is not a "
+                             f"param of the shared program's graph {theirs.name}")
+        a, b = graph.nodes[nid].type, theirs.nodes[theirs.params[name]].type
+        if a != b:
+            raise ValueError(f"compile: share: param {name!r} is {a} in graph {graph.name} but "
+                             f"{b} in the shared program")
+    return share._products.memory.params, share._persist
 
 
 def build_program(source, options, backend, *, seed=0, persist=None, copy_outputs=True,

@@ -15,6 +15,9 @@ backend-neutral facts, which passes ask instead of comparing op names:
   cheap     whether recomputing it in the backward (passes/checkpoint.py) is cheap
   flops, bytes  cost rules (ins, out, attrs) -> int over the operand and result types (`cost`
             applies them, or the kind's default)
+  inplace   the operand whose buffer its result may take (None: none): the op's kernel then
+            writes only what differs from that operand (set_rows writes its rows); the memory
+            plan uses it when the operand dies there, or is the param the result updates
 
 How a backend runs each op is the backend's own table (runtime/cpu/table.py).
 """
@@ -167,6 +170,8 @@ class OpDef:
     cheap: bool = True         # recomputing it costs about one pass over its data
     flops: Callable | None = None  # (ins, out, attrs) -> arithmetic operations; default: `cost`
     bytes: Callable | None = None  # (ins, out, attrs) -> bytes read and written run alone
+    inplace: int | None = None  # operand position whose buffer the result may take (the kernel
+                                # detects the aliasing and writes only what changes)
 
     def check_attrs(self, attrs: dict) -> dict:
         out = {}
@@ -196,15 +201,20 @@ OPS: dict[str, OpDef] = {}
 
 
 def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", expr=None, doc="",
-             index=None, fusion=(), pairs_with=None, cheap=True, flops=None, bytes=None):
+             index=None, fusion=(), pairs_with=None, cheap=True, flops=None, bytes=None,
+             inplace=None):
     if name in OPS:
         raise RuntimeError(f"op {name!r} registered twice")
     if kind not in KINDS or not set(fusion) <= set(FUSION_ROLES) or (kind == "elementwise") != \
             (expr is not None):
         raise RuntimeError(f"op {name!r}: kind {kind!r}, fusion {sorted(fusion)} or expr "
                            f"{expr!r} not as jitgraph/registry.py defines them")
+    if inplace is not None and (kind in ("elementwise", "view", "leaf") or not
+                                (isinstance(inplace, int) and inplace >= 0)):
+        raise RuntimeError(f"op {name!r}: inplace={inplace!r} must be an operand position of a "
+                           f"non-elementwise, non-view op")
     OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index,
-                      frozenset(fusion), pairs_with, cheap, flops, bytes)
+                      frozenset(fusion), pairs_with, cheap, flops, bytes, inplace)
     return OPS[name]
 
 

@@ -83,13 +83,21 @@ class KernelGraph:
                     out.append(i)
         return tuple(out)
 
-    def bytes_moved(self) -> int:
-        """Bytes every kernel reads and writes across its boundary (inputs + outputs); a kernel
-        of one node moves what its op's cost says (jitgraph/registry.py)."""
+    def bytes_of(self, kernel) -> int:
+        """Bytes `kernel` reads and writes across its boundary (inputs + outputs); a kernel of
+        one node moves what its op's cost says (jitgraph/registry.py)."""
         nodes = self.graph.nodes
-        return sum(cost(self.graph, nodes[k.root]).bytes if k.kind == "node" else
-                   sum(nodes[i].type.nbytes for i in self.inputs_of(k) + self.outputs_of(k))
-                   for k in self.kernels)
+        if kernel.kind == "node":
+            return cost(self.graph, nodes[kernel.root]).bytes
+        return sum(nodes[i].type.nbytes for i in self.inputs_of(kernel) + self.outputs_of(kernel))
+
+    def flops_of(self, kernel) -> int:
+        """Arithmetic operations of `kernel`: its nodes' costs (jitgraph/registry.py) summed."""
+        return sum(cost(self.graph, self.graph.nodes[i]).flops for i in kernel.nodes)
+
+    def bytes_moved(self) -> int:
+        """Bytes every kernel reads and writes across its boundary (`bytes_of`), summed."""
+        return sum(self.bytes_of(k) for k in self.kernels)
 
     def __str__(self) -> str:
         g = self.graph

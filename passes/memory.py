@@ -2,17 +2,21 @@
 
 Regions. Params and optimizer state live in a persistent region that survives steps; an update
 whose kernel can write straight into its param's slot (nothing reads the old value afterwards)
-does so, the others are copied into the param at the end of the step. Every other value —
-program inputs, activations, gradients — lives in one arena.
+does so, the others are copied into the param at the end of the step. Program inputs live where
+the caller's arrays lie: region "input", one entry of the driver's per-call pointer table each
+(the executor fills it every call); no kernel ever writes there, so no value takes an input's
+buffer. Graph outputs computed by a kernel live in region "output", one pointer each (the
+program's own buffer, or the caller's array when it asks for one: `Program.step_into`). Every
+other value (activations, gradients) lives in one arena.
 
 Arena plan (`reuse=True`), over the kernel order of passes/fuse.py:
   1. liveness (passes/liveness.py): each value is live from the kernel that writes it to the
-     last kernel that reads it; inputs from the start of the step, outputs and update sources to
-     its end; views alias their base; fused intermediates need no buffer;
+     last kernel that reads it; outputs and update sources to the end of the step; views alias
+     their base; fused intermediates need no buffer; inputs and outputs take no arena bytes;
   2. in-place reuse: an elementwise kernel's root takes the buffer of an operand that dies in
      that kernel when it has the root's exact type (the generated loop reads element i of every
      full-shape operand before it writes element i); outputs and update sources are never
-     overwritten. Chains of such kernels share one buffer;
+     overwritten, inputs never written. Chains of such kernels share one buffer;
   3. offsets: buffers (a chain is one buffer, live over the union of its values) are placed
      largest first, each at the lowest-waste gap among the already placed buffers it is live
      with (greedy by size, best fit).
@@ -28,7 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jitgraph.ir import base, op_kind
+from jitgraph.ir import LEAF_OPS, base, op_kind
+from jitgraph.registry import get_op
 
 from .liveness import intervals, live_bytes
 from .report import Report
@@ -36,11 +41,19 @@ from .report import Report
 ALIGN = 64   # bytes; every slot starts on a cache line
 
 
+CALLER = ("input", "output")   # regions addressed through the driver's per-call pointer table
+
+
 @dataclass(frozen=True)
 class Slot:
-    region: str    # "arena" (per-step values) or "persist" (params and optimizer state)
+    """Where a value lives: `region` "arena" (per-step values) or "persist" (params and
+    optimizer state) at `offset`; or "input" (a program input, where the caller's array lies)
+    or "output" (a graph output, the program's buffer or the caller's array) at `offset` from
+    the address in entry `pointer` of the driver's per-call pointer table."""
+    region: str
     offset: int
     nbytes: int
+    pointer: int = 0
 
 
 @dataclass
@@ -55,6 +68,13 @@ class MemoryPlan:
     intervals: dict = field(default_factory=dict)  # arena value -> (first, last) kernel step
     naive_bytes: int = 0        # one aligned buffer per arena value
     lower_bound: int = 0        # largest live set of the arena values (bytes)
+    inputs: dict = field(default_factory=dict)    # input name -> Slot in region "input"
+    outputs: dict = field(default_factory=dict)   # output name -> Slot in region "output"
+
+    @property
+    def pointers(self) -> int:
+        """Entries of the driver's per-call pointer table: the inputs', then the outputs'."""
+        return len(self.inputs) + len(self.outputs)
 
     def summary(self) -> dict:
         return {"naive_bytes": self.naive_bytes, "arena_bytes": self.arena_bytes,
@@ -63,15 +83,19 @@ class MemoryPlan:
                 "vs_lower_bound": round(self.arena_bytes / max(self.lower_bound, 1), 3),
                 "inplace_reuses": len(self.reuses), "buffers": len(self.intervals) -
                 len(self.reuses), "persistent_bytes": self.persist_bytes,
-                "updates_in_place": len(self.inplace), "updates_copied": len(self.copies)}
+                "updates_in_place": len(self.inplace), "updates_copied": len(self.copies),
+                "input_bytes": sum(s.nbytes for s in self.inputs.values()),
+                "output_bytes": sum(s.nbytes for s in self.outputs.values())}
 
     def describe(self, graph) -> str:
         s = self.summary()
         lines = [f"memory {graph.name}: arena {self.arena_bytes} B (naive {self.naive_bytes} B, "
                  f"lower bound {self.lower_bound} B), persistent {self.persist_bytes} B, "
-                 f"{s['inplace_reuses']} in-place reuses"]
+                 f"{s['inplace_reuses']} in-place reuses; inputs {s['input_bytes']} B read and "
+                 f"outputs {s['output_bytes']} B written where the caller's arrays lie"]
         for nid, sl in sorted(self.slots.items(), key=lambda kv: (
-                kv[1].region, kv[1].offset, self.intervals.get(kv[0], (-1, -1)), kv[0])):
+                kv[1].region, kv[1].pointer, kv[1].offset,
+                self.intervals.get(kv[0], (-1, -1)), kv[0])):
             n = graph.nodes[nid]
             if nid in self.intervals:
                 first, last = self.intervals[nid]
@@ -79,7 +103,8 @@ class MemoryPlan:
             else:
                 live = " view" if op_kind(n.op) == "view" else ""
             reuse = f" reuses {graph.label(self.reuses[nid])}" if nid in self.reuses else ""
-            lines.append(f"  {graph.label(nid):>12} {sl.region}@{sl.offset} +{sl.nbytes}"
+            where = f"{sl.region}#{sl.pointer}" if sl.region in CALLER else sl.region
+            lines.append(f"  {graph.label(nid):>12} {where}@{sl.offset} +{sl.nbytes}"
                          f"{live}{reuse} : {n.type}")
         lines += [f"  update {p} <- %{i} in place" for p, i in self.inplace.items()]
         lines += [f"  update {p} <- {graph.label(i)} copied after the step" for p, i in self.copies]
@@ -91,7 +116,9 @@ def _align(n):
 
 
 def _can_write_in_place(kg, pid, uid, order, taken):
-    """True if update node `uid` may overwrite param node `pid`'s buffer while it runs."""
+    """True if update node `uid` may overwrite param node `pid`'s buffer while it runs: nothing
+    reads the param after it, and uid reads it elementwise without broadcasting, or as the
+    operand whose buffer its op may take (OpDef.inplace: set_rows writing a KV cache's rows)."""
     g = kg.graph
     u = g.nodes[uid]
     if uid in taken or uid not in order or base(g, uid) != uid:
@@ -103,6 +130,8 @@ def _can_write_in_place(kg, pid, uid, order, taken):
         if op_kind(rn.op) == "view" or not any(base(g, i) == pid for i in rn.inputs):
             continue
         if r == uid:
+            if _takes_operand(g, u, pid):      # its op writes only what changes (set_rows)
+                continue
             same = all(g.nodes[i].type.shape == u.type.shape for i in rn.inputs if i == pid)
             if op_kind(u.op) != "elementwise" or not same or \
                     any(base(g, i) == pid and i != pid for i in rn.inputs):
@@ -111,6 +140,14 @@ def _can_write_in_place(kg, pid, uid, order, taken):
                 (order.get(r) == order[uid] and not _same_iteration(kg, r, uid, pid)):
             return False
     return True
+
+
+def _takes_operand(g, u, pid):
+    """True if node u's op may take the buffer of its `inplace` operand (OpDef.inplace) and that
+    operand is param pid itself, read by u nowhere else (not even through a view)."""
+    k = get_op(u.op).inplace
+    return k is not None and k < len(u.inputs) and u.inputs[k] == pid and \
+        all(base(g, i) != pid for j, i in enumerate(u.inputs) if j != k)
 
 
 def _same_iteration(kg, r, uid, pid):
@@ -138,13 +175,31 @@ def _persistent(g, params):
     return out, persist
 
 
-def arena_intervals(kg, persistent=()) -> dict:
-    """Live steps of every value in the arena: liveness over the kernel order, with program
-    inputs live from step 0 (they are copied in before the step); params are persistent."""
+def caller_outputs(kg, persistent=()) -> dict:
+    """output name -> the value it reads, for the outputs living in region "output" (written
+    where the caller's array lies): a value a kernel writes, read by this output alone (one
+    pointer per buffer), neither an update's source nor written into a param (`persistent`).
+    Other outputs (an input, a param, a value two outputs or an update share) stay where they
+    are and are copied out."""
     g = kg.graph
-    ivs = intervals(g, [k.nodes for k in kg.kernels], leaves=True, persistent=persistent,
+    written = {nid for k in kg.kernels for nid in kg.outputs_of(k)}
+    updates = {base(g, u) for u in g.updates.values()}
+    bases = [base(g, nid) for nid in g.outputs.values()]
+    return {name: b for name, b in zip(g.outputs, bases)
+            if b in written and b not in updates and b not in persistent and bases.count(b) == 1
+            and g.nodes[b].op not in LEAF_OPS}
+
+
+def arena_intervals(kg, persistent=()) -> dict:
+    """Live steps of every value in the arena: liveness over the kernel order; inputs (read
+    where the caller's arrays lie), the outputs of `caller_outputs`, params and `persistent`
+    values (updates written into their params) take no arena bytes."""
+    g = kg.graph
+    persistent = set(persistent)
+    persistent |= set(caller_outputs(kg, persistent).values())
+    ivs = intervals(g, [k.nodes for k in kg.kernels], persistent=persistent,
                     outputs=[kg.outputs_of(k) for k in kg.kernels], inlined=kg.inlined)
-    return {nid: (s, max(s, e)) for nid, (s, e) in ivs.items() if g.nodes[nid].op != "param"}
+    return {nid: (s, max(s, e)) for nid, (s, e) in ivs.items()}
 
 
 def _inplace_operand(kg, kernel, t, ivs, kept):
@@ -206,6 +261,14 @@ def plan_memory(kg, params=None, reuse=True):
         elif uid != g.params[name]:
             copies.append((name, uid))
     ivs = arena_intervals(kg, persistent=set(inplace.values()))
+    live_inputs = [(k, i) for k, i in g.inputs.items() if i in kg.live]
+    ins = {k: Slot("input", 0, g.nodes[i].type.nbytes, j) for j, (k, i) in enumerate(live_inputs)}
+    outs = {k: Slot("output", 0, g.nodes[b].type.nbytes, len(ins) + j)
+            for j, (k, b) in enumerate(caller_outputs(kg, set(inplace.values())).items())}
+    for k, i in live_inputs:
+        slots[i] = ins[k]
+    for k, s in outs.items():
+        slots[base(g, g.outputs[k])] = s
     kept = {base(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
     owner = {nid: nid for nid in ivs}            # value -> first value of its buffer chain
     reuses = {}
@@ -236,5 +299,5 @@ def plan_memory(kg, params=None, reuse=True):
     prof = live_bytes(g, ivs, max(len(kg.kernels), 1))
     plan = MemoryPlan(slots, int(arena), persist, params, copies, inplace, reuses, ivs,
                       naive_bytes=sum(_align(g.nodes[i].type.nbytes) for i in ivs),
-                      lower_bound=max(prof, default=0))
+                      lower_bound=max(prof, default=0), inputs=ins, outputs=outs)
     return plan, Report("memory", {"plan": "reuse" if reuse else "naive", **plan.summary()})

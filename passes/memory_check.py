@@ -7,8 +7,11 @@ copied into params: to the end of the step). Two live values may share bytes onl
 in-place reuse the backends support: the same slot, the root of an all-elementwise kernel over
 an operand of exactly its type that the kernel reads last and that is no output or update.
 A param's slot may take its update only after the param's last read, or in that last reading
-kernel when the update alone reads it there, elementwise and without broadcasting it; and the
-param must be no output.
+kernel when the update alone reads it there, elementwise and without broadcasting it, or as the
+operand whose buffer its op may take (OpDef.inplace: set_rows); and the param must be no output.
+Inputs are read where the caller's arrays lie (region "input", one pointer each) and no kernel
+writes there; a value in region "output" owns its pointer alone and is the graph output
+`plan.outputs` names.
 Every slot must lie inside its region. Errors name the values, their slots and live steps.
 `JITGRAPH_CHECK_PLANS=1` makes the executor run this on every program it builds.
 """
@@ -42,8 +45,14 @@ def check_plan(kg, plan) -> None:
                 last[b] = max(last.get(b, -1), t)
     kept = {_root(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
     span = {}
+    caller = {s.pointer: s for s in [*plan.inputs.values(), *plan.outputs.values()]}
     for nid, s in plan.slots.items():
-        size = {"arena": plan.arena_bytes, "persist": plan.persist_bytes}[s.region]
+        if s.region in ("input", "output"):
+            assert s.pointer in caller and caller[s.pointer].region == s.region, \
+                f"{g.label(nid)}: slot {s} is no entry of the plan's {s.region}s"
+            size = caller[s.pointer].nbytes
+        else:
+            size = {"arena": plan.arena_bytes, "persist": plan.persist_bytes}[s.region]
         assert 0 <= s.offset and s.offset + s.nbytes <= size and \
             s.nbytes >= g.nodes[nid].type.nbytes, \
             f"{g.label(nid)}: slot {s} outside its region ({size} B) or too small"
@@ -52,8 +61,33 @@ def check_plan(kg, plan) -> None:
         first = 0 if g.nodes[nid].op == "input" else written[nid]
         end = n_steps - 1 if nid in kept else last.get(nid, first)
         span[nid] = (first, max(first, end))
+    _check_caller(g, kg, plan, written)
     _check_arena(g, kg, plan, span)
     _check_persist(g, kg, plan, written, last)
+
+
+def _check_caller(g, kg, plan, written):
+    """Inputs are read where they lie and never written; an output pointer has one owner."""
+    assert len({s.pointer for s in [*plan.inputs.values(), *plan.outputs.values()]}) == \
+        plan.pointers, "memory plan: two inputs or outputs share a pointer"
+    for name, nid in g.inputs.items():
+        if nid in kg.live:
+            assert plan.slots.get(nid) == plan.inputs.get(name), \
+                f"memory plan: input {name} is not read where the caller's array lies"
+    for nid in written:
+        s = plan.slots.get(nid)
+        assert s is None or s.region != "input", \
+            f"memory plan: {g.label(nid)} is written into input {s}: a caller's array"
+    owners = {}
+    for nid, s in plan.slots.items():
+        if s.region == "output" and _kind(g, nid) != "view":
+            assert s.pointer not in owners, f"memory plan: {g.label(owners.get(s.pointer))} " \
+                f"and {g.label(nid)} share output {s}"
+            owners[s.pointer] = nid
+    for name, s in plan.outputs.items():
+        assert _root(g, g.outputs[name]) == owners.get(s.pointer) and \
+            _root(g, g.outputs[name]) in written, \
+            f"memory plan: output {name} is not the value computed into {s}"
 
 
 def _inplace_ok(g, kg, plan, old, new, span):
@@ -121,6 +155,11 @@ def _check_persist(g, kg, plan, written, last):
             all(_kind(g, m) == "elementwise" and g.nodes[m].type.shape == ptype.shape and
                 all(g.nodes[i].type == ptype for i in g.nodes[m].inputs if _root(g, i) == pid)
                 for m in readers)
+        # or the update alone reads it, as the operand its op takes the buffer of (OpDef.inplace)
+        k = get_op(g.nodes[uid].op).inplace if _kind(g, uid) not in ("leaf", "view") else None
+        same_kernel = same_kernel or (
+            readers == [uid] and k is not None and g.nodes[uid].inputs[k] == pid and
+            all(_root(g, i) != pid for j, i in enumerate(g.nodes[uid].inputs) if j != k))
         assert last.get(pid, -1) < t or (last[pid] == t and same_kernel), \
             f"memory plan: update {name} <- {g.label(uid)} (kernel {t}) overwrites the param " \
             f"while it is still read (last read in kernel {last.get(pid)})"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jitgraph.ir import base
+from jitgraph.ir import LEAF_OPS, base
 
 from .fuse import KernelGraph
 from .liveness import live_bytes
@@ -74,7 +74,7 @@ def _order(kg) -> list:
 
     def net(t, made=0):
         freed = sum(g.nodes[b].type.nbytes for b in reads[t]
-                    if readers[b] == {t} and b not in kept and g.nodes[b].op != "param" and
+                    if readers[b] == {t} and b not in kept and g.nodes[b].op not in LEAF_OPS and
                     g.nodes[b].type.nbytes > SMALL)
         made += sum(g.nodes[o].type.nbytes for o in kg.outputs_of(ks[t])
                     if o not in updates and g.nodes[o].type.nbytes > SMALL)

@@ -8,7 +8,8 @@ the target's backend; runtime/executor.py's Program runs what the backend built.
                 alone) and the fused kinds; the compiler refuses a kernel graph with another.
   generate(kernels, plan) -> (module, source)
                 lowering: every kernel of the KernelGraph, in order, reading and writing values
-                at the offsets of the MemoryPlan; a fused kernel by its kind, a lone node
+                where the MemoryPlan puts them (a region and offset; inputs and outputs through
+                the per-call pointer table); a fused kernel by its kind, a lone node
                 through the lowering table (op -> code; CPU: runtime/cpu/codegen.lower_node),
                 then the driver calling them in order. `source`: the text
                 `Program.ir("kernels")` shows; `module.workspace_bytes`: scratch bytes the
@@ -19,11 +20,18 @@ the target's backend; runtime/executor.py's Program runs what the backend built.
   allocate(nbytes) -> region,  view(region, slot, type) -> array
                 buffer allocation: the two regions, allocated once per program (the arena:
                 plan.arena_bytes + workspace; the persistent region: params and optimizer
-                state), and the value at a plan Slot as an array of its type, through which
-                the Program feeds inputs and reads outputs and params (numpy arrays: on the CPU
-                the regions are host memory).
-  driver(arena, persist)
-                program run: one whole step (forward, backward, update), one call.
+                state) and the program's own output buffers, and the value at a plan Slot as an
+                array of its type, through which the Program reads outputs and params (numpy
+                arrays: on the CPU the regions are host memory).
+  address(array) -> int
+                where a numpy array (exactly np.ndarray, no subclass) lies: an array of
+                `allocate`, or a caller's input or output array (its entry in the io table).
+  driver(arena, persist, io)
+                program run: one whole step (forward, backward, update), one call. `io`: the
+                per-call pointer table (int64 addresses, plan.pointers entries): entry
+                `slot.pointer` of every "input" slot is where the caller's array (or the
+                program's converted copy) lies, of every "output" slot where the output is to be
+                written (the program's own buffer or the caller's array).
 """
 from __future__ import annotations
 
@@ -45,6 +53,8 @@ class CPU:
     def __init__(self):
         from .cpu.threading import configure
         configure()           # before numba starts its thread pool
+        from .cpu.pointers import address
+        self.address = address      # a numba function: ~0.2 us a call (every input, every step)
 
     def generate(self, kernels, plan):
         from .cpu.codegen import generate
@@ -91,7 +101,7 @@ def _compile_driver(gen, fresh=False):
     dpath, _ = cache.store(gen.driver, gen.driver_source)
     driver = getattr(cache.load(dpath, fresh), gen.driver)
     region = types.Array(types.uint8, 1, "C")
-    driver.compile((region, region))
+    driver.compile((region, region, types.Array(types.int64, 1, "C")))
     return driver
 
 

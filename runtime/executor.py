@@ -3,10 +3,13 @@ per step.
 
 jitgraph/compiler.py runs the passes and the backend (runtime/backend.py) and hands a Program
 its Products; the executor never runs a pass. A Program owns two byte regions: the arena
-(inputs, activations, gradients: every per-step value at its memory-plan offset, values that
-are never live together sharing bytes) and the persistent region (params and optimizer state).
-`step` copies the inputs into their slots, feeds the optimizer's per-step scalars (`opt/lr`,
-`opt/step`, `opt/apply`), calls the driver once and returns fresh copies of the outputs.
+(activations, gradients: every per-step value at its memory-plan offset, values that are never
+live together sharing bytes) and the persistent region (params and optimizer state), and one
+buffer per output the plan puts in region "output". Inputs are not copied: `step` writes the
+address of each input array (or of its converted copy, when it is not C-contiguous of the
+exact dtype) into the driver's per-call pointer table `io`, feeds the optimizer's per-step
+scalars (`opt/lr`, `opt/step`, `opt/apply`), calls the driver once and returns fresh copies of
+the outputs; `step_into` points the table's output entries at the caller's arrays.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from jitgraph.ir import live_nodes
+from jitgraph.ir import base, live_nodes
 from jitgraph.types import ShapeError
 from jitgraph.validate import index_inputs
 
@@ -29,7 +32,7 @@ class Products:
     memory: object         # its MemoryPlan (passes/memory.py): slots, region sizes
     backend: object        # the runtime/backend.py backend that built the code
     module: object         # what backend.generate made (CPU: runtime/cpu/codegen.Generated)
-    driver: object         # driver(arena, persist) runs one step
+    driver: object         # driver(arena, persist, io) runs one step (runtime/backend.py)
     outputs: tuple         # the graph outputs `step` returns
     nonfinite: str | None = None   # output that is nonzero when a checked value is not finite
     checks: dict = field(default_factory=dict)   # flag output -> the output it checks (guard)
@@ -73,14 +76,39 @@ class ArrayMap(MutableMapping):
 
 
 def _typestr(a):
-    return f"{a.dtype}[{','.join(map(str, a.shape))}]"
+    return _typestr2(a.dtype, a.shape)
+
+
+def _typestr2(dtype, shape):
+    return f"{dtype}[{','.join(map(str, shape))}]"
+
+
+PAGE = 4096
+
+
+def _align(n, to=64):
+    return -(-n // to) * to
+
+
+def _readonly(a):
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 class Program:
     """A compiled graph. `step(**inputs)` runs it once (a training step when compiled with an
     optimizer) and returns its outputs as fresh numpy arrays, or with `copy_outputs=False` as
     read-only views of its buffers that the next step overwrites (copying a 16 MB output cost
-    0.8 ms, as much as a fused softmax over it)."""
+    0.8 ms, as much as a fused softmax over it); `step_into(out, **inputs)` writes the outputs
+    named in `out` into the caller's arrays.
+
+    Calling convention (the driver's `io` table, runtime/backend.py): an input that is a
+    C-contiguous array of its exact dtype is read where it lies (its address goes into the
+    table, nothing is copied); any other is converted once per call into the program's staging
+    buffer for it. The memory plan never writes into an input. Outputs computed by a kernel
+    (the plan's region "output") are written through the table too: into the program's own
+    buffer, or straight into the caller's array with `step_into`."""
 
     def __init__(self, source, options, products: Products, *, seed=0, persist=None,
                  copy_outputs=True, check_indices=True, compiler=None):
@@ -94,90 +122,233 @@ class Program:
         self.copy_outputs = copy_outputs
         self._products, self._compiler = products, compiler
         self._driver, self._stats = products.driver, products.stats
-        g, plan, view = products.graph, products.memory, products.backend.view
-        self.graph = g
-        self._arena = products.backend.allocate(plan.arena_bytes +
-                                                products.module.workspace_bytes)
+        g, plan, backend = products.graph, products.memory, products.backend
+        self.graph, self._plan, self._backend = g, plan, backend
+        self._addr = _address = backend.address
+        # one block: the arena, then the program's own buffers behind the "output" pointers
+        # (the defaults of the io table); an input lying in it is copied first. A buffer of a
+        # page or more starts on a page: a kernel streaming from a caller's array (numpy's
+        # large arrays start 16 B into a page) into it then never stores a little ahead of its
+        # loads modulo 4 KiB (4K aliasing stalled tanh over 4M floats by ~25 %).
+        arena = _align(plan.arena_bytes + products.module.workspace_bytes)
+        at = {}
+        for s in plan.outputs.values():
+            arena = _align(arena, PAGE if s.nbytes >= PAGE else 64)
+            at[s.pointer], arena = (arena, arena + s.nbytes), arena + s.nbytes
+        block = backend.allocate(_align(arena) + PAGE)
+        first = (-_address(block)) % PAGE
+        block = block[first:first + _align(arena)]
+        self._arena = block[:plan.arena_bytes + products.module.workspace_bytes]
+        self._own_out = {p: block[lo:hi] for p, (lo, hi) in at.items()}
+        self._written = (_address(block), _address(block) + block.nbytes)
         owner = persist is None
-        self._persist = products.backend.allocate(plan.persist_bytes) if owner else persist
+        self._persist = backend.allocate(plan.persist_bytes) if owner else persist
+        self._io = np.zeros(plan.pointers, np.int64)       # the driver's per-call pointers
+        self._default = {p: _address(b) for p, b in self._own_out.items()}
+        for p, a in self._default.items():
+            self._io[p] = a
 
-        def value(i):
-            return view(self._arena if plan.slots[i].region == "arena" else self._persist,
-                        plan.slots[i], g.nodes[i].type)
-
-        self._param_views = {k: view(self._persist, plan.params[k], g.nodes[i].type)
+        self._param_views = {k: backend.view(self._persist, plan.params[k], g.nodes[i].type)
                              for k, i in g.params.items()}
         if owner:
             for k, v in g.init_params(seed).items():
                 self._param_views[k][...] = v
         opt = options.optimizer
         self._runtime = set(opt.runtime_inputs(0)) if opt is not None else set()
-        live = live_nodes(g)
-        self._inputs = {k: value(i) for k, i in g.inputs.items()
-                        if i in live and k not in self._runtime}
-        self._runtime_views = {k: value(g.inputs[k]) for k in self._runtime
-                               if g.inputs.get(k) in live}
-        self._outputs = {k: value(g.outputs[k]) for k in products.outputs}
-        for v in self._outputs.values():
-            v.flags.writeable = False       # `step` hands them out with copy_outputs=False
+        # user inputs: name -> (pointer, shape, dtype); the optimizer's per-step scalars live in
+        # buffers of the program's own, their pointers set once
+        self._in, self._runtime_views, self._stage = {}, {}, {}
+        for k, s in plan.inputs.items():
+            t = g.nodes[g.inputs[k]].type
+            if k in self._runtime:
+                buf = backend.allocate(s.nbytes)
+                self._io[s.pointer] = _address(buf)
+                self._runtime_views[k] = backend.view(buf, replace(s, offset=0), t)
+            else:
+                self._in[k] = (s.pointer, t.shape, t.np_dtype)
+        # returned outputs: name -> array read after the step (None: the input it is)
+        self._outputs, self._from_input = {}, {}
+        for k in products.outputs:
+            v = self._view(g.outputs[k])
+            if v is None:
+                self._from_input[k] = (g.nodes[base(g, g.outputs[k])].attr["name"],
+                                       g.nodes[g.outputs[k]].type.shape)
+            else:
+                v.flags.writeable = False       # `step` hands them out with copy_outputs=False
+                self._outputs[k] = v
+        # step_into: output name -> (pointer, or None: copied into the caller's array; type, dtype)
+        self._out_spec = {k: (plan.outputs[k].pointer if k in plan.outputs else None,
+                              g.nodes[g.outputs[k]].type, g.nodes[g.outputs[k]].type.np_dtype)
+                          for k in products.outputs}
         self._nonfinite = None if products.nonfinite is None else \
-            value(g.outputs[products.nonfinite])
-        self._checks = {k: value(g.outputs[f]) for f, k in products.checks.items()}
-        self._indices = [(self._inputs[k], k, bound, users)
-                         for k, (bound, users) in index_inputs(g).items()
-                         if k in self._inputs and check_indices]
+            self._view(g.outputs[products.nonfinite])
+        self._checks = {k: self._view(g.outputs[f]) for f, k in products.checks.items()}
+        self._indices = [(k, bound, users) for k, (bound, users) in index_inputs(g).items()
+                         if k in self._in and check_indices]
         user = [k for k in source.params]
         self.params = ArrayMap({k: self._param_views[k] for k in user}, "param")
         self.state = ArrayMap({k: v for k, v in self._param_views.items() if k not in user},
                               "state")
         self.calls = 0
 
+    def _view(self, nid):
+        """The array holding value `nid` between steps, where the plan put it (None for an
+        input: it lies in the caller's array of the call)."""
+        s, t = self._plan.slots[nid], self.graph.nodes[nid].type
+        if s.region == "input":
+            return None
+        region = {"arena": self._arena, "persist": self._persist}.get(s.region)
+        if region is None:
+            region = self._own_out[s.pointer]
+        return self._backend.view(region, s, t)
+
+    def _address(self, where, offset=0) -> int:
+        """The address the driver uses for (base, offset) of the generated code's calls
+        (runtime/cpu/codegen.Generated.calls): base "arena", "persist" or an io entry."""
+        if isinstance(where, str):
+            return self._addr(self._arena if where == "arena" else self._persist) + offset
+        return int(self._io[where]) + offset
+
     # ---- running ------------------------------------------------------------------------
-    def _feed(self, inputs):
+    def _feed(self, inputs, read=None) -> dict:
+        """Point the io table at the inputs; returns name -> the array the step reads, and
+        appends the byte ranges of the caller's arrays read where they lie to `read`."""
+        io, spec, fed, addr = self._io, self._in, {}, self._addr
+        lo, hi = self._written
         for name, value in inputs.items():
-            view = self._inputs.get(name)
-            if view is None:
+            sp = spec.get(name)
+            if sp is None:
                 if name in self.graph.inputs:
                     continue    # declared but unused by these outputs
                 raise ShapeError(f"graph {self.graph.name}: unknown input {name!r}; expected "
-                                 f"{', '.join(self._inputs) or 'none'}")
-            a = value if isinstance(value, np.ndarray) else np.asarray(value)
-            if a.shape != view.shape:
-                raise ShapeError(f"input {name}: expected shape {_typestr(view)}, got "
+                                 f"{', '.join(self._in) or 'none'}")
+            p, shape, dtype = sp
+            a = value if type(value) is np.ndarray else np.asarray(value)   # no subclass
+            if a.shape != shape:
+                raise ShapeError(f"input {name}: expected shape {_typestr2(dtype, shape)}, got "
                                  f"{_typestr(a)}")
-            if a.dtype != view.dtype and a.dtype.kind != view.dtype.kind and \
-                    not (view.dtype.kind == "f" and a.dtype.kind in "iu"):
-                raise ShapeError(f"input {name}: expected dtype {view.dtype}, got {a.dtype}")
-            np.copyto(view, a, casting="unsafe")
-        if len(inputs) < len(self._inputs):
-            missing = [k for k in self._inputs if k not in inputs]
-            if missing:
-                raise ShapeError(f"graph {self.graph.name}: missing input "
-                                 f"{', '.join(missing)}")
+            f = a.flags
+            if a.dtype == dtype and f.c_contiguous and f.aligned:
+                at = addr(a)
+                end = at + a.nbytes
+                if end <= lo or hi <= at:       # not in memory the step writes
+                    io[p] = at                  # read where it lies
+                    fed[name] = a
+                    if read is not None:
+                        read.append((at, end))
+                    continue
+            fed[name], io[p] = self._convert(name, a, dtype, shape)
+        if len(fed) < len(spec):
+            missing = [k for k in spec if k not in fed]
+            raise ShapeError(f"graph {self.graph.name}: missing input {', '.join(missing)}")
+        return fed
+
+    def _convert(self, name, a, dtype, shape):
+        """(staging buffer, its address): `a` converted into the program's buffer for input
+        `name` (another dtype, not C-contiguous or aligned, or lying in memory the step
+        writes)."""
+        if a.dtype != dtype and a.dtype.kind != dtype.kind and \
+                not (dtype.kind == "f" and a.dtype.kind in "iu"):
+            raise ShapeError(f"input {name}: expected dtype {dtype}, got {a.dtype}")
+        stage = self._stage.get(name)
+        if stage is None:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            buf = self._backend.allocate(nbytes).view(dtype).reshape(shape)
+            stage = self._stage[name] = (buf, self._addr(buf))
+        np.copyto(stage[0], a, casting="unsafe")
+        return stage
 
     def step(self, **inputs) -> dict:
-        self._feed(inputs)
+        fed = self._feed(inputs)
+        self._before(fed)
+        self._driver(self._arena, self._persist, self._io)
+        return self._after(fed, None, ())
+
+    def step_into(self, out: dict, /, **inputs) -> dict:
+        """Run one step like `step`, writing each output named in `out` into its array there
+        (shape as the output, dtype it can take, writeable). An output computed by a kernel
+        into a C-contiguous array of its exact dtype that shares no memory with the inputs is
+        written there directly (no copy); any other is copied in after the step. Returns the
+        outputs: the caller's arrays for those in `out`, the others as `step` does. `out` is
+        positional, so an input may be called "out"."""
+        read = [self._written]
+        fed = self._feed(inputs, read)
+        self._before(fed)
+        moved = []
+        try:
+            copied = self._redirect(out, read, moved)
+            self._driver(self._arena, self._persist, self._io)
+        finally:
+            for p in moved:                      # the program's own buffers again
+                self._io[p] = self._default[p]
+        return self._after(fed, out, copied)
+
+    def _before(self, fed):
         if self._indices:
-            self._check_indices()
+            self._check_indices(fed)
         if self._runtime_views:
             for k, v in self.options.optimizer.runtime_inputs(self.calls).items():
                 if k in self._runtime_views:
                     self._runtime_views[k][...] = v
-        self._driver(self._arena, self._persist)
+
+    def _after(self, fed, out, copied) -> dict:
         if self._nonfinite is not None and self._nonfinite[()] != 0:
             self._raise_nonfinite()
         self.calls += 1
-        return {k: v.copy() for k, v in self._outputs.items()} if self.copy_outputs else \
-            dict(self._outputs)
+        res = {k: v.copy() for k, v in self._outputs.items() if not out or k not in out} \
+            if self.copy_outputs else dict(self._outputs)
+        for k, (name, shape) in self._from_input.items():
+            v = fed[name].reshape(shape)
+            res[k] = v.copy() if self.copy_outputs else _readonly(v)
+        if out:
+            for k, a in copied:
+                np.copyto(a, res[k] if k in res else self._outputs[k], casting="same_kind")
+            res.update(out)
+            res = {k: res[k] for k in self._out_spec}
+        return res
+
+    def _redirect(self, out, taken, moved) -> list:
+        """Point the io table's output entries at the caller's arrays in `out` that share no
+        byte with the ranges `taken` (appending the entries to `moved`); returns
+        [(name, array)] to copy into after the step."""
+        copied = []
+        for name, a in out.items():
+            spec = self._out_spec.get(name)
+            if spec is None:
+                raise KeyError(f"step_into: no output {name!r}; expected one of "
+                               f"{', '.join(self._out_spec)}")
+            p, t, dtype = spec
+            ok = isinstance(a, np.ndarray) and a.shape == t.shape and a.flags.writeable
+            if not ok or (a.dtype != dtype and not np.can_cast(dtype, a.dtype, "same_kind")):
+                got = _typestr(a) if isinstance(a, np.ndarray) else type(a).__name__
+                ro = isinstance(a, np.ndarray) and not a.flags.writeable
+                raise ShapeError(f"step_into: output {name}: expected a writeable array of "
+                                 f"{_typestr2(dtype, t.shape)}, got {got}"
+                                 f"{' (read-only)' if ro else ''}")
+            f = a.flags
+            if p is not None and a.dtype == dtype and f.c_contiguous and f.aligned and a.nbytes:
+                at = self._addr(a if type(a) is np.ndarray else np.asarray(a))
+                end = at + a.nbytes
+                for lo, hi in taken:
+                    if lo < end and at < hi:
+                        break
+                else:
+                    self._io[p] = at            # the kernel writes into the caller's array
+                    moved.append(p)
+                    taken.append((at, end))
+                    continue
+            copied.append((name, a))
+        return copied
 
     @property
     def check_finite(self) -> bool:
         return self.options.check_finite
 
-    def _check_indices(self):
+    def _check_indices(self, fed):
         """Integer inputs that index (labels, token ids, rows) must lie in [0, bound): checked
         before the driver runs, so a bad batch changes nothing (the interpreter's IndexError)."""
-        for view, name, bound, users in self._indices:
+        for name, bound, users in self._indices:
+            view = fed[name]
             if view.size and (view.min() < 0 or view.max() >= bound):
                 bad = np.flatnonzero((view < 0) | (view >= bound))[0]
                 at = np.unravel_index(bad, view.shape)
@@ -195,6 +366,7 @@ class Program:
                                  f"update was not applied (params and optimizer state unchanged)")
 
     run = step
+    run_into = step_into
 
     # ---- inspection ---------------------------------------------------------------------
     def ir(self, stage: str = "kernels") -> str:
@@ -227,6 +399,14 @@ class Evaluator:
         if p is None:
             p = self._programs[key] = self._compile(key)
         return p.step(**inputs)
+
+    def run_into(self, out: dict, /, **inputs) -> dict:
+        """`run`, writing the outputs named in `out` into its arrays (Program.step_into)."""
+        key = frozenset(inputs)
+        p = self._programs.get(key)
+        if p is None:
+            p = self._programs[key] = self._compile(key)
+        return p.step_into(out, **inputs)
 
     def _compile(self, given):
         src = self._prog.source

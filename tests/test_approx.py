@@ -8,7 +8,10 @@ overflowing reference counts as 2^128 / 2^1024. Inputs: a bit-pattern sweep of e
 both signs (subnormals included), dense grids over each function's interesting range, the
 overflow / underflow thresholds, and ±0, ±inf, NaN. Each function also runs inside a loop
 compiled with the row kernels' fastmath flags (runtime/cpu/lower.py) and inside one fused
-expression, and must give the same bound there.
+expression, and must give the same bound there. Wired into compiled programs (runtime/cpu/rules.py
+EXPR), each op keeps its bound as a kernel of its own, in one fused kernel with the others, and
+in a fused chain where each reads the one before (the f32 bounds are <= 3 ulp, within the 4 ulp
+issue 16 sets; f64 <= 2 ulp).
 
 `python tests/test_approx.py` prints the max ulp error per function and dtype.
 """
@@ -211,10 +214,17 @@ def _terms(name, x, g):
 
 
 def max_error(name, dtype, n=1 << 18, fastmath=False, generic=False):
-    """Max ulp error; for the float64 backward helpers, the error minus 2 eps |terms| (the
-    cancellation allowance of MIXED_F64), in ulps."""
+    """Max ulp error and where; see `errors`."""
     x, g = _inputs(name, dtype, n)
-    got = evaluate(name, dtype, x, g, fastmath, generic)
+    err = errors(name, x, g, evaluate(name, dtype, x, g, fastmath, generic))
+    i = int(np.argmax(err))
+    return float(err[i]), x[i]
+
+
+def errors(name, x, g, got):
+    """Ulp error of `got` (name at x, g); for the float64 backward helpers, the error minus
+    2 eps |terms| (the cancellation allowance of MIXED_F64), in ulps."""
+    dtype = x.dtype.type
     ref = reference(name, x, g)
     err = ulp_error(got, ref, dtype)
     if dtype == np.float64 and name in BINARY:
@@ -224,8 +234,7 @@ def max_error(name, dtype, n=1 << 18, fastmath=False, generic=False):
             sp = np.spacing(np.abs(ref).astype(dtype)).astype(LD)
             mixed = np.maximum(absdiff - allow, 0) / sp
         err = np.where(np.isfinite(absdiff), mixed.astype(np.float64), err)
-    i = int(np.argmax(err))
-    return float(err[i]), x[i]
+    return err
 
 
 MIXED_F64 = 2     # f64 silu_back / gelu_back: |err| <= bound ulp + MIXED_F64 eps |terms|
@@ -320,6 +329,114 @@ def test_sqrt_is_libm_exact():
         out = np.empty_like(x)
         run(x, out)
         assert ulp_error(out, np.sqrt(x.astype(LD)), dtype).max() <= 0.5
+
+
+# ---- wired into compiled programs (runtime/cpu/rules.py EXPR) ---------------------------------
+def _program_inputs(dtype, n=1 << 15):
+    """Every binade, the specials, the backward helpers' roots; g: ones and random values."""
+    x = np.concatenate([_sweep(dtype, n), _specials(dtype)] +
+                       [_near(dtype, r, 2000) for r in ROOTS.values()])
+    g = np.ones_like(x)
+    g[1::2] = np.random.default_rng(1).uniform(-3, 3, g[1::2].size).astype(dtype)
+    return x, g
+
+
+def _run(g, feeds, fuse):
+    import jitgraph as jg
+    prog = jg.compile(g, fuse=fuse)
+    return prog.run(**feeds), prog.stats()["kernels"]
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["alone", "fused"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_compiled_ops_within_the_bounds(dtype, fuse):
+    """Each transcendental op compiled as a kernel of its own (unfused), and all nine in one
+    fused kernel (their sum makes them one): every result within the function's bound (<= 3 ulp
+    in f32, <= 2 in f64) of the float64 (f32) / long double (f64) reference."""
+    import jitgraph as jg
+    x, gr = _program_inputs(dtype)
+    dt = np.dtype(dtype).name.replace("float", "f")
+    graph = jg.Graph(f"transcendentals_{dt}")
+    xv, gv = graph.input("x", x.shape, dt), graph.input("g", x.shape, dt)
+    vals = {nm: jg.apply(nm, xv, gv) if nm in BINARY else jg.apply(nm, xv)
+            for nm in UNARY + BINARY}
+    total = vals["exp"]
+    for nm in UNARY[1:] + BINARY:
+        total = total + vals[nm]
+    graph.output(total=total, **vals)
+    out, kernels = _run(graph, {"x": x, "g": gr}, fuse)
+    assert kernels == (1 if fuse else 2 * len(UNARY + BINARY) - 1)
+    for nm in UNARY + BINARY:
+        err = errors(nm, x, gr if nm in BINARY else None, out[nm])
+        i = int(np.argmax(err))
+        assert err[i] <= BOUND[dtype][nm], f"{nm} {dt}: {err[i]:.2f} ulp at x={x[i]!r}"
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["alone", "fused"])
+def test_compiled_f32_pow_within_half_an_ulp(fuse):
+    """float32 pow (approx.fpow) for integer, half-integer and other exponents, both signs and
+    every special of x: within 0.5 ulp of float64 np.power and NaN exactly where numpy's float32
+    np.power (the interpreter) is NaN; alone and fused with the exponents' sum."""
+    import jitgraph as jg
+    ps = (0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, -0.5, 1.7, -2.5, 7.0, 0.1, 100.0)
+    x = np.concatenate([_sweep(np.float32, 1 << 14), _specials(np.float32)])
+    graph = jg.Graph("pow_f32")
+    xv = graph.input("x", x.shape, "f32")
+    vals = {f"p{i}": jg.pow(xv, p) for i, p in enumerate(ps)}
+    total = vals["p0"]
+    for i in range(1, len(ps)):
+        total = total + vals[f"p{i}"]
+    graph.output(total=total, **vals)
+    out, kernels = _run(graph, {"x": x}, fuse)
+    assert (kernels == 1) == fuse
+    for i, p in enumerate(ps):
+        with np.errstate(all="ignore"):
+            want = np.power(x.astype(np.float64), np.float64(np.float32(p)))   # p as the op has it
+            interp = np.power(x, np.float32(p))
+        got = out[f"p{i}"]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(interp), err_msg=f"p={p}")
+        ok = ~np.isnan(interp)
+        err = ulp_error(got[ok], want[ok], np.float32)
+        assert err.max() <= 0.5, f"p={p}: {err.max():.2f} ulp at x={x[ok][np.argmax(err)]!r}"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_fused_chain_against_float64(dtype):
+    """A chain of the nine functions, each reading the one before, fused into one kernel: each
+    member's value (every member is an output, so the kernel stores it) is within its bound of
+    the reference evaluated at the operands the kernel stored (the backward helpers where their
+    gradient operand is finite, and in float64 below 2e21: dsilu_back's tail beyond -800 is 0,
+    g x e^x rounded, only below that)."""
+    import jitgraph as jg
+    dt = np.dtype(dtype).name.replace("float", "f")
+    rng = np.random.default_rng(2)
+    n = 1 << 16
+    x = np.concatenate([rng.standard_normal(n) * 4, _specials(dtype)]).astype(dtype)
+    y = np.concatenate([rng.standard_normal(n) * 2, _specials(dtype)[::-1]]).astype(dtype)
+    graph = jg.Graph(f"chain_{dt}")
+    xv, yv = graph.input("x", x.shape, dt), graph.input("y", y.shape, dt)
+    v = {"x": xv, "y": yv}
+    chain = [("sigmoid", "s", ("x",)), ("sub", "d", ("y", "s")), ("tanh", "t", ("d",)),
+             ("mul", "m", ("x", "t")), ("softplus", "p", ("m",)), ("log", "l", ("p",)),
+             ("sub", "e_in", ("l", "y")), ("exp", "e", ("e_in",)), ("sub", "u", ("e", "x")),
+             ("silu", "si", ("u",)), ("gelu", "ge", ("si",)), ("silu_back", "sb", ("x", "ge")),
+             ("gelu_back", "gb", ("y", "sb"))]
+    for op, name, args in chain:
+        v[name] = jg.apply(op, *(v[a] for a in args))
+    graph.output(**{name: v[name] for _, name, _ in chain})
+    out, kernels = _run(graph, {"x": x, "y": y}, True)
+    assert kernels == 1
+    vals = {"x": x, "y": y, **out}
+    for op, name, args in chain:
+        if op in UNARY + BINARY:
+            a, got = [vals[k] for k in args], vals[name]
+            if op in BINARY:
+                ok = np.abs(a[1]) < (np.inf if dtype == np.float32 else 2e21)
+                a, got = [t[ok] for t in a], got[ok]
+            err = errors(op, a[0], a[1] if op in BINARY else None, got)
+            i = int(np.argmax(err))
+            assert err[i] <= BOUND[dtype][op], \
+                f"{op} {dt} in the chain: {err[i]:.2f} ulp at {[float(t[i]) for t in a]}"
 
 
 if __name__ == "__main__":

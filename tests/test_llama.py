@@ -1,7 +1,6 @@
 """Llama models: the SPM tokenizer, config and weights in llama.cpp's GGUF layout, and the forward
 graph, checked against what llama.cpp computes for stories260K.gguf (shared/data/gguf)."""
 import json
-import math
 import os
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from jitgraph.errors import ModelFormatError
 from jitgraph.models.llama import (LlamaConfig, greedy, llama_forward, llama_inputs, read_llama,
                                    write_llama)
 from jitgraph.ops import round_f16
+from jitgraph.models.reference import llama_logits
 from jitgraph.models.tokenizer import BYTE, CONTROL, NORMAL, SPACE, Tokenizer, build_vocab
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -189,45 +189,6 @@ def test_read_rejects_malformed_files(tmp_path):
 
 
 # ---- the graph against an independent numpy implementation ------------------------------------
-def numpy_llama(cfg, params, ids):
-    """llama.cpp's build_llama in float64 numpy, one sequence: NORM rope on the first rope_dims,
-    query head h reading kv head h // (heads / kv_heads)."""
-    p = {k: v.astype(np.float64) for k, v in params.items()}
-    s, hd, rd, rep = len(ids), cfg.head_dim, cfg.rope_dims, cfg.heads // cfg.kv_heads
-
-    def rms(x, w):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.rms_eps) * w
-
-    def rope(t):                                        # t [S, H, hd]
-        ang = np.arange(s)[:, None] * cfg.rope_base ** (-np.arange(0, rd, 2) / rd)
-        c, sn = np.cos(ang)[:, None], np.sin(ang)[:, None]
-        o = t.copy()
-        a, b = t[..., 0:rd:2], t[..., 1:rd:2]
-        o[..., 0:rd:2], o[..., 1:rd:2] = a * c - b * sn, a * sn + b * c
-        return o
-
-    h = p["token_embd.weight"][ids]
-    for i in range(cfg.layers):
-        b = f"blk.{i}."
-        x = rms(h, p[b + "attn_norm.weight"])
-        q = rope((x @ p[b + "attn_q.weight"].T).reshape(s, cfg.heads, hd))
-        k = rope((x @ p[b + "attn_k.weight"].T).reshape(s, cfg.kv_heads, hd))
-        v = (x @ p[b + "attn_v.weight"].T).reshape(s, cfg.kv_heads, hd)
-        att = np.empty((s, cfg.heads, hd))
-        for hh in range(cfg.heads):
-            sc = q[:, hh] @ k[:, hh // rep].T / math.sqrt(hd)
-            sc = np.where(np.tril(np.ones((s, s))) > 0, sc, -np.inf)
-            e = np.exp(sc - sc.max(-1, keepdims=True))
-            att[:, hh] = (e / e.sum(-1, keepdims=True)) @ v[:, hh // rep]
-        h = h + att.reshape(s, -1) @ p[b + "attn_output.weight"].T
-        x = rms(h, p[b + "ffn_norm.weight"])
-        gate = x @ p[b + "ffn_gate.weight"].T
-        h = h + (gate / (1 + np.exp(-gate)) * (x @ p[b + "ffn_up.weight"].T)) @ \
-            p[b + "ffn_down.weight"].T
-    out = p["token_embd.weight"] if cfg.tied else p["output.weight"]
-    return rms(h, p["output_norm.weight"]) @ out.T
-
-
 def test_forward_matches_numpy_gqa_partial_rope_tied():
     cfg = LlamaConfig(vocab=40, dim=32, layers=2, heads=4, kv_heads=2, ff=40, rope_base=100.0,
                       rope_dims=4, tied=True)
@@ -238,7 +199,7 @@ def test_forward_matches_numpy_gqa_partial_rope_tied():
     rows = [[1, 5, 7, 3, 9, 2], [4, 4, 0, 39]]
     out = jg.interp.run(g, llama_inputs(rows, 6), params)["logits"]
     for i, r in enumerate(rows):
-        np.testing.assert_allclose(out[i, :len(r)], numpy_llama(cfg, params, r), atol=2e-4)
+        np.testing.assert_allclose(out[i, :len(r)], llama_logits(cfg, params, r), atol=2e-4)
     compiled = load_params(jg.compile(g), params).step(**llama_inputs(rows, 6))["logits"]
     np.testing.assert_allclose(compiled, out, atol=1e-4)
 

@@ -10,6 +10,7 @@ import pytest
 import jitgraph.compiler
 from jitgraph.models.llama import LlamaConfig, llama_forward
 from jitgraph.models.perplexity import perplexity, split_text
+from jitgraph.models.reference import llama_logits
 from jitgraph.models.tokenizer import build_vocab
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -50,42 +51,6 @@ def test_the_perplexity_command(capsys):
 
 
 # ---- the method against numpy -----------------------------------------------------------------
-def numpy_llama(cfg, p, ids):
-    """build_llama in float64 numpy for one sequence (NORM rope on the whole head, GQA)."""
-    p = {k: v.astype(np.float64) for k, v in p.items()}
-    s, hd, rep = len(ids), cfg.head_dim, cfg.heads // cfg.kv_heads
-    assert cfg.rope_dims == hd
-
-    def rms(x, w):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.rms_eps) * w
-
-    def rope(t):                                       # [S, H, hd], pairs (2i, 2i+1)
-        ang = np.arange(s)[:, None] * cfg.rope_base ** (-np.arange(0, hd, 2) / hd)
-        c, sn = np.cos(ang)[:, None], np.sin(ang)[:, None]
-        a, b = t[..., 0::2], t[..., 1::2]
-        return np.stack([a * c - b * sn, a * sn + b * c], -1).reshape(t.shape)
-
-    mask = np.tril(np.ones((s, s), bool))
-    h = p["token_embd.weight"][ids]
-    for i in range(cfg.layers):
-        b = f"blk.{i}."
-        x = rms(h, p[b + "attn_norm.weight"])
-        q = rope((x @ p[b + "attn_q.weight"].T).reshape(s, cfg.heads, hd))
-        k = rope((x @ p[b + "attn_k.weight"].T).reshape(s, cfg.kv_heads, hd))
-        v = (x @ p[b + "attn_v.weight"].T).reshape(s, cfg.kv_heads, hd)
-        heads = []
-        for j in range(cfg.heads):
-            sc = np.where(mask, q[:, j] @ k[:, j // rep].T / math.sqrt(hd), -np.inf)
-            e = np.exp(sc - sc.max(-1, keepdims=True))
-            heads.append(e / e.sum(-1, keepdims=True) @ v[:, j // rep])
-        h = h + np.concatenate(heads, -1) @ p[b + "attn_output.weight"].T
-        x = rms(h, p[b + "ffn_norm.weight"])
-        gate = x @ p[b + "ffn_gate.weight"].T
-        h = h + (gate / (1 + np.exp(-gate)) * (x @ p[b + "ffn_up.weight"].T)) @ \
-            p[b + "ffn_down.weight"].T
-    return rms(h, p["output_norm.weight"]) @ p["output.weight"].T
-
-
 def numpy_perplexity(cfg, params, ids, n_ctx, bos):
     """llama.cpp's perplexity() loop, written out: (ppl, uncertainty, running, count)."""
     first, nll, nll2, count, running = n_ctx // 2, 0.0, 0.0, 0, []
@@ -93,7 +58,7 @@ def numpy_perplexity(cfg, params, ids, n_ctx, bos):
         chunk = list(ids[c * n_ctx:(c + 1) * n_ctx])
         target = list(chunk)
         chunk[0] = bos
-        logits = numpy_llama(cfg, params, chunk)
+        logits = llama_logits(cfg, params, chunk)
         for i in range(first, n_ctx - 1):
             lp = logits[i] - logits[i].max()
             v = math.log(np.exp(lp).sum()) - lp[target[i + 1]]

@@ -219,9 +219,37 @@ def test_library_backward_ops_match_interpreter():
     check(g, feeds)
 
 
+def kv_graph(dt):
+    """The KV-cache ops (inference only, no vjp): set_rows as a param's in-place update (f16
+    rounding) and on an input (axis 2, copied), kv_attention with GQA (6 heads over 2)."""
+    g = jg.Graph(f"kv_{dt}")
+    pos = g.input("pos", (3,), "i32")
+    cache = g.param("cache", (2, 4, 9), dt, init=jg.init.normal(), trainable=False)
+    k = jg.set_rows(cache, pos, jg.permute(g.input("k", (3, 2, 4), dt), (1, 2, 0)), axis=2,
+                    f16=True)
+    g.update(cache=k)
+    vt = jg.set_rows(g.input("vt", (9, 2, 4), dt), pos, g.input("v", (3, 2, 4), dt))
+    vt = jg.permute(vt, (1, 2, 0))
+    g.output(att=jg.kv_attention(g.input("q", (3, 6, 4), dt), k, vt, pos), vt=vt)
+    return g
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_kv_cache_ops_match_interpreter(dt):
+    g = kv_graph(dt)
+    feeds = _feeds(g, np.random.default_rng(3))
+    feeds["pos"] = np.array([1, 8, 4], np.int32)
+    prog = check(g, feeds)
+    params = {"cache": prog.params["cache"]}
+    got = prog.run(**feeds)
+    want = jg.interp.run(g, feeds, params)
+    np.testing.assert_allclose(got["att"], want["att"], **TOL[dt])
+    np.testing.assert_array_equal(prog.params["cache"], params["cache"])
+
+
 def test_every_registered_op_is_covered_by_these_tests():
     graphs = [elementwise_graph("f32"), int_graph(), reduce_graph("f32"), matmul_graph("f32"),
-              library_training_graph()]
+              library_training_graph(), kv_graph("f32")]
     covered = {n.op for g in graphs for n in g.nodes}
     missing = set(OPS) - covered - {"test_only_op"}
     assert not missing, f"ops without a compiled-vs-interpreter test: {sorted(missing)}"
@@ -267,22 +295,17 @@ def _kernel_outputs_on_nan_arena(prog, feeds):
     value in its buffer). The buffers of later kernels may reuse it, so check it right away."""
     import sys
 
-    g, plan = prog._products.graph, prog._products.memory
-    view = prog._products.backend.view
     prog._arena[:] = 0xFF
     prog._feed(feeds)
     for k, v in prog._runtime_views.items():
         v[...] = prog.options.optimizer.runtime_inputs(0)[k]
-    base = {"arena": prog._arena.ctypes.data, "persist": prog._persist.ctypes.data}
     kernel_of = {k.root: k for k in prog._products.kernels.kernels}
     for nid, name, addrs in prog._products.module.calls:
         getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes(
-            *[base[r] + off for r, off in addrs])
+            *[prog._address(r, off) for r, off in addrs])
         k = kernel_of[nid]
         for o in k.outputs:
-            s = plan.slots[o]
-            region = prog._arena if s.region == "arena" else prog._persist
-            yield k, o, view(region, s, g.nodes[o].type)
+            yield k, o, prog._view(o)
 
 
 @pytest.mark.parametrize("fuse", [True, False])

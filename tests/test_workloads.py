@@ -204,6 +204,27 @@ def test_ew_chains_are_eight_elementwise_ops(name):
     assert ("tanh" in ops_ and "sigmoid" in ops_) == (name == "ew_chain_math")
 
 
+def test_issue16_chains_compute_their_formulas():
+    """ew_chain_exp and ew_chain_act: elementwise only, with the issue's formulas."""
+    from jitgraph.registry import get_op
+    for name, want_ops, formula in [
+            ("ew_chain_exp", {"exp", "tanh", "abs", "div"},
+             lambda a, b: np.tanh(np.exp(-(a * b + a) ** 2) * 0.5 - b) / (np.abs(a) + 1)),
+            ("ew_chain_act", {"softplus", "sigmoid", "tanh", "gelu"},
+             lambda a, b: _gelu(np.logaddexp(0, a * b - a) / (1 + np.exp(-b)) - np.tanh(a + b)))]:
+        w = WL.WORKLOADS[name](scale=1 / 64)
+        ops_ = {n.op for n in w.graph.nodes if n.op not in ("param", "input")}
+        assert want_ops <= ops_ and all(get_op(o).kind == "elementwise" for o in ops_)
+        params = w.graph.init_params(0)
+        a, b = (params[k].astype(np.float64) for k in ("x", "y"))
+        np.testing.assert_allclose(jg.interp.run(w.graph, {}, params)["out"], formula(a, b),
+                                   rtol=2e-5, atol=2e-6)
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
 # ---- the suite runner (compiling stubbed out: that is the runtime's tests' job) ---------------
 class _FakeProgram:
     """Unfused: 12 kernels, 40 ms; fused: 4 kernels, 10 ms. Checkpointing: "sqrt" peaks at
@@ -312,3 +333,51 @@ def test_failed_workload_is_reported(monkeypatch, capsys):
     monkeypatch.setattr(bench, "_compile", broken)
     assert bench.main(["--only", "ew_chain", "--quick"]) == 1
     assert "FAILED ew_chain: RuntimeError: fusion exploded" in capsys.readouterr().out
+
+
+def test_fused_slower_than_unfused_is_flagged(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
+    monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.0)
+    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup: [
+        {"median_s": 0.01 if p.fuse else 0.008, "min_s": 0.0} for p in progs])
+    assert bench.main(["--only", "ew_chain", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "0.80x !" in out and "FUSED SLOWER than unfused: ew_chain (0.80x)" in out
+
+
+# ---- the roofline (jitgraph/cli/roofline.py) ---------------------------------------------------
+@pytest.mark.parametrize("fuse", [True, False])
+def test_roofline_rows_are_the_kernels_with_their_costs(fuse):
+    from jitgraph.cli import roofline
+    from jitgraph.registry import cost
+    w = WL.ew_chain_exp(scale=1 / 64)
+    prog = jg.compile(w.graph, fuse=fuse, copy_outputs=False)
+    kg = prog._products.kernels
+    peak = {"sgemm_gflops": 100.0, "stream_gbps": 10.0}
+    res = roofline.roofline(prog, w.feeds, peak, repeat=2)
+    rows = res["kernels"]
+    assert [r["id"] for r in rows] == [k.id for k in kg.kernels] and res["step_s"] > 0
+    assert sum(r["bytes"] for r in rows) == kg.bytes_moved()
+    g = prog.graph
+    assert sum(r["flops"] for r in rows) == sum(cost(g, g.nodes[i]).flops
+                                                for k in kg.kernels for i in k.nodes)
+    for r in rows:
+        assert r["seconds"] > 0 and r["bound"] == "memory"        # ~1 flop per 4 bytes here
+        assert r["roof"] == pytest.approx(r["bytes"] / 10e9 / r["seconds"])
+    table = roofline.format_roofline("ew_chain_exp", res, peak)
+    assert "sgemm 100 GFLOP/s" in table and table.count("\n") == len(rows) + 1
+    # kernel by kernel, hot in cache: the same kernels
+    assert [kt.kernel.id for kt in roofline.time_kernels(prog, w.feeds, 2, in_order=False)] == \
+        [k.id for k in kg.kernels]
+
+
+def test_bench_roofline_option(monkeypatch, capsys, tmp_path):
+    from jitgraph.cli import roofline
+    monkeypatch.setattr(roofline, "peaks", lambda: {"sgemm_gflops": 100.0, "stream_gbps": 10.0})
+    path = tmp_path / "roof.json"
+    assert bench.main(["--roofline", "--only", "ew_chain", "--quick", "--repeat", "2",
+                       "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ew_chain: step" in out and "k0 elementwise" in out and "roof" in out
+    (row,) = json.loads(path.read_text())["roofline"]
+    assert row["workload"] == "ew_chain" and len(row["kernels"]) == 1

@@ -368,6 +368,53 @@ def _perplexity(args):
     return 0
 
 
+def _generate(args):
+    from ..models.generate import Generator, Sampler, check_context, stream_text
+    from ..models.llama import read_llama
+    _check_model_file(args.model_file, "model")
+    if args.threads:           # before the GEMM library loads (it reads the count once)
+        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
+    cfg, params, tok = read_llama(args.model_file)
+    if tok is None:
+        raise ValueError(f"{args.model_file}: the model has no llama (SentencePiece) tokenizer "
+                         f"in its metadata")
+    ctx = args.ctx if args.ctx is not None else min(512, cfg.ctx)
+    if ctx > cfg.ctx:
+        raise ValueError(f"--ctx {ctx} exceeds the model's context length {cfg.ctx} "
+                         f"(llama.context_length)")
+    prompt_ids = tok.encode(args.prompt, bos=tok.add_bos)
+    check_context(len(prompt_ids), args.n_predict, ctx)   # before compiling anything
+    sampler = Sampler(args.temp, args.top_k, args.top_p, args.seed)
+    with _compile_progress(args, "generate"):
+        gen = Generator((cfg, params, tok), ctx=ctx, chunk=args.chunk,
+                        kv_f16=not args.no_kv_f16)
+    out = sys.stdout
+
+    def write(text):
+        out.write(text)
+        out.flush()
+
+    on_token = None
+    if not args.quiet:
+        write(args.prompt)
+        on_token = stream_text(tok, write)
+    res = gen.generate(prompt_ids, args.n_predict, sampler, stop_at_eos=not args.ignore_eos,
+                       on_token=on_token)
+    if on_token is not None:
+        on_token.flush()
+        write("\n")
+        per_token = res.decode_seconds / max(len(res.ids), 1) * 1e6
+        print(f"jitgraph generate: {len(res.ids)} tokens ({res.stop}) in {res.seconds:.4f} s: "
+              f"{res.tokens_per_second:,.0f} tokens/s (prompt {len(prompt_ids)} tokens "
+              f"{res.prefill_seconds * 1e3:.2f} ms, {per_token:.1f} us a token); ctx {ctx}, "
+              f"compiled in {gen.compile_seconds:.2f} s", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps({**res.as_dict(), "text": res.text, "ctx": ctx, "seed": sampler.seed,
+                          "temp": args.temp, "top_k": args.top_k, "top_p": args.top_p,
+                          "kv_f16": not args.no_kv_f16, "compile_seconds": gen.compile_seconds}))
+    return 0
+
+
 class _tqdm_bar:
     """progress(chunks_done, n_chunks, running_ppl) as a tqdm bar on the terminal."""
 
@@ -498,6 +545,42 @@ def parser():
     q.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     q.add_argument("--quiet", action="store_true", help="print only the JSON / the result")
     q.set_defaults(fn=_perplexity, parser=q)
+
+    n = command("generate", "generate text with a llama GGUF model: one compiled decode "
+                            "program over a KV cache, streaming the text")
+    n.add_argument("model_file", metavar="MODEL.gguf", help="a llama model in llama.cpp's GGUF "
+                                                          "layout, with its tokenizer")
+    n.add_argument("--prompt", default="", metavar="TEXT",
+                   help="the text to continue (BOS added as the vocabulary says); default: none")
+    n.add_argument("-n", "--n-predict", type=_int_at_least(0), default=128, metavar="N",
+                   help="tokens to generate (fewer when EOS comes first)")
+    n.add_argument("--ctx", type=_int_at_least(1), default=None, metavar="C",
+                   help="context: the KV cache's capacity in tokens, which the prompt and N "
+                        "must fit; default: 512 or the model's context length if smaller")
+    n.add_argument("--temp", type=_float_in(0), default=0.8, metavar="T",
+                   help="sampling temperature; 0: greedy (argmax)")
+    n.add_argument("--top-k", type=_int_at_least(0), default=40, metavar="K",
+                   help="sample among the K most likely tokens (0: all)")
+    n.add_argument("--top-p", type=_float_in(0, 1, lo_open=True, hi_open=False), default=0.95,
+                   metavar="P", help="then among the fewest most likely tokens whose "
+                                     "probabilities reach P (1: all)")
+    n.add_argument("--seed", type=_int_at_least(0), default=None, metavar="S",
+                   help="sampling seed; default: random (reported with --json)")
+    n.add_argument("--chunk", type=_int_at_least(1), default=16, metavar="B",
+                   help="prompt tokens per prefill program call")
+    n.add_argument("--ignore-eos", action="store_true",
+                   help="go on after the end-of-sequence token (always N tokens)")
+    n.add_argument("--no-kv-f16", action="store_true",
+                   help="keep K, V, queries and attention probabilities in float32 (default: "
+                        "rounded to float16 as llama.cpp's F16 KV cache does)")
+    n.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                   help="threads for GEMMs and parallel kernels (JITGRAPH_NUM_THREADS); "
+                        "default: all cores")
+    n.add_argument("--json", action="store_true",
+                   help="print one JSON object as the last line (tokens/s, timings, the text)")
+    n.add_argument("--quiet", action="store_true",
+                   help="no streamed text and no summary line: only the JSON")
+    n.set_defaults(fn=_generate, parser=n)
 
     sub.add_parser("bench", help="fused against unfused benchmark suite (see `jitgraph bench "
                                  "--help`)", add_help=False)

@@ -12,7 +12,12 @@ Benchmarks are meant to run as on a user's machine: `env -u OPENBLAS_CORETYPE -u
 OPENBLAS_L2_SIZE jitgraph bench` (those variables halve OpenBLAS's sgemm speed here); the
 header and the JSON say which BLAS kernel ran.
 
-    jitgraph bench [--json PATH] [--quick] [--only NAME ...] [--repeat N] [--checkpoint-curve]
+A fused step slower than its unfused one (a ratio below 1.00x as printed) is flagged (`!` after
+the ratio, a `FUSED SLOWER` line): fusion must never lose. `--roofline` times each kernel of the fused step instead and sets
+it against the machine's peaks (jitgraph/cli/roofline.py).
+
+    jitgraph bench [--json PATH] [--quick] [--only NAME ...] [--repeat N]
+                   [--checkpoint-curve | --safety | --roofline]
 """
 from __future__ import annotations
 
@@ -217,6 +222,31 @@ def safety_costs(names=None, repeat=None, json_path=None, quick=False, out=None)
     return rows
 
 
+def roofline_suite(names=None, repeat=None, json_path=None, quick=False, out=None) -> list:
+    """Per kernel of each workload's fused step (default: the issue 5 suite): time, GFLOP/s,
+    GB/s against the peaks measured first (jitgraph/cli/roofline.py)."""
+    from . import roofline
+    _log("bench: measuring the peaks (sgemm 1024^3, parallel copy)")
+    peak = roofline.peaks()
+    rows = []
+    for w, info, repeat, warmup in _workloads(names, "FUSION", quick, repeat):
+        row = {**info, **peak}
+        _log(f"bench: {info['workload']} roofline")
+        try:
+            prog = _compile(w)
+            for _ in range(warmup):
+                prog.step(**w.feeds)
+            row.update(roofline.roofline(prog, w.feeds, peak, max(repeat, 10)))
+            print(roofline.format_roofline(info["workload"], row, peak) + "\n", file=out)
+        except Exception as e:
+            row["error"] = _error(e)
+            print(f"FAILED {info['workload']}: {row['error']}\n", file=out)
+        rows.append(row)
+    if json_path:
+        write_json(json_path, {"roofline": rows})
+    return rows
+
+
 # ---- output ------------------------------------------------------------------------------------
 def _ms(s):
     return "-" if s is None else f"{s * 1e3:.3f}"
@@ -238,20 +268,25 @@ def _table(header, lines) -> str:
 
 
 def format_fusion(rows) -> str:
-    lines, errors = [], []
+    lines, errors, slower = [], [], []
     for r in rows:
         if "error" in r:
             errors.append(f"{r['workload']}: {r['error']}")
             continue
         bound = r.get("ratio_bound")
+        lose = round(r["ratio"], 2) < 1.0           # below 1.00x as printed
+        if lose:
+            slower.append(f"{r['workload']} ({r['ratio']:.2f}x)")
         lines.append([r["workload"], _ms(r["unfused"]["median_s"]), _ms(r["fused"]["median_s"]),
-                      f"{r['ratio']:.2f}x", _ms(r.get("gemm_s")),
+                      f"{r['ratio']:.2f}x" + (" !" if lose else ""),
+                      _ms(r.get("gemm_s")),
                       "-" if bound is None else f"{bound:.2f}x",
                       _pair(r, "kernels", lambda k: "-" if k is None else k),
                       _pair(r, "bytes_moved", _mb)])
     header = ["workload", "unfused ms", "fused ms", "ratio", "gemm ms", "bound", "kernels",
               "bytes moved"]
-    return "\n".join([_table(header, lines), *[f"FAILED {e}" for e in errors]])
+    return "\n".join([_table(header, lines), *[f"FAILED {e}" for e in errors],
+                      *([f"FUSED SLOWER than unfused: {', '.join(slower)}"] if slower else [])])
 
 
 def format_safety(rows) -> str:
@@ -351,8 +386,9 @@ def main(argv=None) -> int:
         prog="jitgraph bench", formatter_class=_HelpFormatter,
         description="Time compiled training steps fused against unfused on each workload, or "
                     "(--checkpoint-curve) peak memory and step time under each activation "
-                    "checkpointing policy. Every workload is compiled once per configuration; "
-                    "the median of the timed steps is reported.",
+                    "checkpointing policy, or (--roofline) each kernel's GFLOP/s and GB/s "
+                    "against the machine's peaks. Every workload is compiled once per "
+                    "configuration; the median of the timed steps is reported.",
         epilog="exit status: 0 success, 1 a workload failed, 2 a usage error, 130 Ctrl-C, "
                "143 SIGTERM")
     p.add_argument("--json", metavar="PATH",
@@ -370,6 +406,9 @@ def main(argv=None) -> int:
     mode.add_argument("--safety", action="store_true",
                       help="measure what the step's checks cost (index range check, "
                            "check_finite) on the MNIST training steps")
+    mode.add_argument("--roofline", action="store_true",
+                      help="time each kernel of the fused step and set its GFLOP/s and GB/s "
+                           "against the machine's peaks (sgemm, stream copy), measured first")
     args = p.parse_args(argv)
     known = load_workloads().WORKLOADS
     unknown = [n for n in args.only or () if n not in known]
@@ -382,9 +421,11 @@ def main(argv=None) -> int:
         except OSError as e:
             p.error(str(e))
     run = checkpoint_curve if args.checkpoint_curve else safety_costs if args.safety else \
-        run_suite
+        roofline_suite if args.roofline else run_suite
     rows = run(args.only, args.repeat, args.json, args.quick)
     print(describe_environment(environment()))
+    from .roofline import sgemm_gflops
+    print(f"# sgemm 1024^3 (numpy's BLAS, median of 7): {sgemm_gflops():.0f} GFLOP/s")
     # an infeasible budget is a result of the curve, not a failure of the run
     failed = [r for r in rows if "error" in r and r.get("budget_fraction") is None]
     return 1 if failed else 0

@@ -11,6 +11,7 @@ or mismatched file raises jitgraph.ModelFormatError (a ValueError) naming the fi
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -113,21 +114,21 @@ def check_writable(path, what=None) -> None:
         raise FileExistsError(f"{label}: exists and is not a regular file")
 
 
-def _write(path, arch, tensors, strings):
-    """GGUF to a temporary file next to `path`, fsync, then rename over `path`: readers see the old
-    file or the new one, never a partial one. The temporary file is removed on every exit,
-    exceptions included (KeyboardInterrupt, and SIGTERM where the program turns it into an
-    exception, as the CLI does); errors name `path`, never the temporary file."""
+@contextlib.contextmanager
+def gguf_writer(path, arch):
+    """`with gguf_writer(path, arch) as w:` add metadata and tensors to the gguf.GGUFWriter `w`;
+    on leaving the block it is written to a temporary file next to `path`, fsynced and renamed
+    over `path`: readers see the old file or the new one, never a partial one. The temporary
+    file is removed on every exit, exceptions included (KeyboardInterrupt, and SIGTERM where
+    the program turns it into an exception, as the CLI does); errors name `path`, never the
+    temporary file."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
     w = None
     try:
         w = gguf.GGUFWriter(tmp, arch)
-        for k, v in strings.items():
-            w.add_string(k, v)
-        for name, a in tensors.items():
-            w.add_tensor(name, np.asarray(a, order="C"))
+        yield w
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -158,6 +159,15 @@ def _write(path, arch, tensors, strings):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write(path, arch, tensors, strings):
+    """GGUF with `strings` metadata and `tensors`, written atomically (gguf_writer)."""
+    with gguf_writer(path, arch) as w:
+        for k, v in strings.items():
+            w.add_string(k, v)
+        for name, a in tensors.items():
+            w.add_tensor(name, np.asarray(a, order="C"))
 
 
 # ---- reading -----------------------------------------------------------------------------------

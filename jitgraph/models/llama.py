@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -356,12 +355,8 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
     if tokenizer is not None and len(tokenizer) != cfg.vocab:
         raise ValueError(f"write_llama: tokenizer has {len(tokenizer)} tokens, config vocab "
                          f"{cfg.vocab}")
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-    w = None
-    try:
-        w = gguf.GGUFWriter(tmp, ARCH)
+    from ..formats.gguf import gguf_writer
+    with gguf_writer(path, ARCH) as w:
         w.add_name(name or "llama")
         w.add_file_type(_FTYPES[ftype])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -377,22 +372,3 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
                 w.add_tensor(k, a.astype(np.float16))
             else:
                 w.add_tensor(k, a)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    finally:
-        if tmp is not None:                   # failed or interrupted: no partial file is left
-            for f in (getattr(w, "fout", None) or ()):
-                try:
-                    f.close()
-                except Exception:
-                    pass
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass

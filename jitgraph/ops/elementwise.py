@@ -1,7 +1,9 @@
 """Elementwise ops: numpy broadcasting, one scalar expression each for the code generators.
 
 `expr` is a numba-Python expression over operands {0}, {1}, ... and attributes {name}; the
-backends format attribute values as literals and cast the result to the node's dtype.
+backends format attribute values as literals and cast the result to the node's dtype. It is the
+portable spelling (math and numpy only, checked against `ref` by tests/test_ops_elementwise.py);
+a backend may spell an op its own way (the CPU backend: runtime/cpu/rules.py EXPR).
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ branch-free (selects only), call no libm function, and inline into the caller's 
                                      (= 0.5 x (1 + tanh u), jitgraph/ops/elementwise.py)
   silu_back fsilu_back(x, g) ...     g s (1 + x (1 - s)), s = sigmoid(x)
   gelu_back fgelu_back(x, g) ...     g s (1 + 2 x (1 - s) c (1 + 3 k x^2)), s = sigmoid(2u)
+  pow       fpow(x, p)               x^p, as C's powf                 0.5 ulp (f32 only)
 The ulp figures are measured against float64 (f32) / np.longdouble (f64) references over the
 whole float range (every binade, both signs, subnormals, the overflow / underflow thresholds,
 ±0, ±inf, NaN); see tests/test_approx.py for the exact bounds asserted per function.
@@ -24,6 +25,10 @@ in float32 the rounding of gelu's exp argument alone costs |u| ulps, and the bac
 cancel near their roots. The float64 gelu / silu_back / gelu_back have no such extra precision:
 their error is 2 ulp plus the conditioning of the formula (|u| ulps in the gelu tail, a
 cancellation near the roots of the backward brackets); see the test for the measured bounds.
+
+Generated kernels call the f* / d* function of their dtype (runtime/cpu/rules.py EXPR): numba
+inlines a generic v* name with an SSA warning (NumbaIRAssumptionWarning, a pedantic check) when
+one function inlines the same v* name twice; the f* / d* names inline without it.
 
 Underflow: results below the smallest normal are gradual (correctly scaled subnormals, one
 rounding), not flushed to 0: exp scales by 2^n in two exact steps. This keeps every function
@@ -551,7 +556,8 @@ def _scaled(g, t, k):
 def dsilu_back(x, g):
     x = np.float64(x)
     g = np.float64(g)
-    xc = x if x >= -800.0 else -800.0             # beyond +-800: 0 or g exactly
+    xc = x if x >= -800.0 else -800.0             # beyond +-800: 0 or g exactly, for
+    #                                               |g| < 2e21 (larger g: g x e^x at -800)
     xc = xc if xc <= 800.0 else 800.0
     q, k, s_c = _dsig_pair(xc, 0.0)
     y = _scaled(g, _mul(q, _fma(xc, s_c, 1.0)), k)
@@ -578,8 +584,8 @@ def fsilu_back(x, g):
     """float32 silu_back, in float64 inside: the bracket 1 + x (1 - s) cancels to 0 near
     x = -1.2785, where a float32 evaluation loses every digit."""
     xd = np.float64(x)
-    xc = xd if xd >= -120.0 else -120.0           # beyond: 0 (or g) in float32
-    xc = xc if xc <= 120.0 else 120.0
+    xc = xd if xd >= -200.0 else -200.0           # beyond: 0 (or g) in float32, for any
+    xc = xc if xc <= 200.0 else 200.0             # float32 g (|g x| e^x < 2^-150 below -200)
     q, k, s_c = _dsig_pair_fast(xc)
     y = _mul(_mul(np.float64(g), _mul(q, _fma(xc, s_c, 1.0))), _pow2(k))
     return F(y if abs(xd) < DINF else DNAN)
@@ -681,6 +687,24 @@ def fgelu_back(x, g):
     return F(y if abs(xd) < DINF else DNAN)
 
 
+@njit(inline="always", error_model="numpy")
+def fpow(x, p):
+    """x^p for float32 x and p (the pow op's attribute, a constant in generated code: what
+    depends on p alone folds away), as C's powf: |x|^p = e^(p ln|x|) in float64 (relative
+    error below 2^-44 before the one rounding to float32), the sign (-1)^p for an odd integer
+    p, NaN for a finite x < 0 and a non-integer p, x^0 = 1 (NaN included); x^0.5 = sqrt(x), as
+    numpy computes it (sqrt(-inf) = NaN, sqrt(-0) = -0, where powf gives inf and 0)."""
+    xd = np.float64(F(x))
+    pd = np.float64(F(p))
+    y = dexp(_mul(pd, dlog(abs(xd))))             # 0^p, inf^p: dexp(+-inf), 1^p: dexp(0)
+    half = _mul(pd, 0.5)
+    whole = _rint(pd) == pd
+    y = -y if whole & (_rint(half) != half) & (_copysign(1.0, xd) < 0.0) else y
+    y = DNAN if (xd < 0.0) & (xd > -DINF) & ~whole else y
+    y = math.sqrt(xd) if pd == 0.5 else y         # llvm.sqrt: vectorises, correctly rounded
+    return F(1.0 if pd == 0.0 else y)
+
+
 # ---- dtype-generic names: float32 arguments -> f*, anything else -> d* ----------------------
 def _generic(name, f32, f64, arity=1):
     def stub(*args):
@@ -715,6 +739,6 @@ vsilu_back = _generic("vsilu_back", fsilu_back, dsilu_back, arity=2)
 vgelu_back = _generic("vgelu_back", fgelu_back, dgelu_back, arity=2)
 
 __all__ = ["fexp", "flog", "ftanh", "fsigmoid", "fsoftplus", "fsilu", "fgelu", "fsilu_back",
-           "fgelu_back", "dexp", "dlog", "dtanh", "dsigmoid", "dsoftplus", "dsilu", "dgelu",
+           "fgelu_back", "fpow", "dexp", "dlog", "dtanh", "dsigmoid", "dsoftplus", "dsilu", "dgelu",
            "dsilu_back", "dgelu_back", "vexp", "vlog", "vtanh", "vsigmoid", "vsoftplus", "vsilu",
            "vgelu", "vsilu_back", "vgelu_back"]

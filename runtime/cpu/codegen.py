@@ -1,8 +1,11 @@
 """CPU code generation: one C-callable entry module per kernel, one @njit driver per program.
 
-Every value is a view into one of two byte arrays — `arena` (per-step values) and `persist`
-(params and optimizer state) — at the offset the memory plan gave it. Each kernel is compiled
-as a numba `cfunc` that takes buffer addresses (shapes are constants), and the driver calls the
+Every value lives where the memory plan put it: in one of two byte arrays — `arena` (per-step
+values) and `persist` (params and optimizer state) — at its offset, or, for the plan's regions
+"input" and "output", in a caller's array whose address is entry `pointer` of the int64 table
+`io` the executor fills each call (inputs read where they lie, outputs written into the
+caller's arrays). The driver is `DRIVER(arena, persist, io)`. Each kernel is compiled as a
+numba `cfunc` that takes buffer addresses (shapes are constants), and the driver calls the
 kernels by symbol, in order, with base address + offset: a step is one Python->native call, and
 the driver never links the kernels' code into its own, so it compiles in a fraction of a second
 and each kernel is compiled (and cached) once whatever program uses it.
@@ -18,13 +21,15 @@ from jitgraph.types import TensorType
 from . import fused, lower
 from .table import lowering
 
+CALLER = ("input", "output")   # the memory plan's regions addressed through the io table
+
 ENTRY_HEADER = '''"""jitgraph kernel (generated; the file name is a hash of this text and the toolchain)."""
 import math
 
 import numpy as np
 from numba import carray, cfunc, njit, prange, types
 
-from jitgraph.runtime.cpu.approx import fexp, ftanh
+from jitgraph.runtime.cpu import approx
 from jitgraph.runtime.cpu.pointers import ptr
 '''
 
@@ -36,7 +41,8 @@ class Generated:
     driver_source: str
     n_calls: int           # kernel invocations per step
     workspace_bytes: int   # scratch space the arena needs after the memory plan's values
-    calls: list            # (node id, kernel name, [(region, offset) per address]) in order
+    calls: list            # (node id, kernel name, [(base, offset) per address]) in order;
+    #                        base: "arena", "persist", or an int, the entry of the io table
 
 
 def lower_node(graph, n, slot_of=lambda nid: None):
@@ -111,12 +117,13 @@ def generate(kg, plan, name_of) -> Generated:
         if isinstance(a, lower.Workspace):
             work = max(work, a.offset + a.size * TensorType(a.dtype, ()).np_dtype.itemsize)
             return "arena", work_at + a.offset
-        s = plan.slots[a[0]]
-        return s.region, s.offset
+        return _base(plan.slots[a[0]])
 
     def slot_of(nid):
+        # one name per buffer: each entry of the io table is a region of its own
         s = plan.slots.get(nid)
-        return None if s is None else (s.region, s.offset, s.nbytes)
+        return None if s is None else \
+            (s.region + (str(s.pointer) if s.region in CALLER else ""), s.offset, s.nbytes)
 
     for k in kg.kernels:
         if k.kind != "node":
@@ -133,16 +140,23 @@ def generate(kg, plan, name_of) -> Generated:
     for name, nid in plan.copies:
         src, dst = plan.slots[nid], plan.params[name]
         body.append(comment(f"update {name} <- {g.label(nid)} (copy)"))
-        body.append(f"persist[{dst.offset}:{dst.offset + dst.nbytes}] = "
-                    f"{src.region}[{src.offset}:{src.offset + src.nbytes}]")
+        if src.region in CALLER:
+            body.append(f"copy_bytes({_address('persist', dst.offset)}, "
+                        f"{_address(*_base(src))}, {dst.nbytes})")
+        else:
+            body.append(f"persist[{dst.offset}:{dst.offset + dst.nbytes}] = "
+                        f"{src.region}[{src.offset}:{src.offset + src.nbytes}]")
     for name, nid in plan.inplace.items():
         body.append(comment(f"update {name} <- %{nid} (written in place)"))
     head = [comment(f"jitgraph driver for graph {g.name} (generated)"), "import numpy as np",
-            "from numba import njit", "", "from jitgraph.runtime.cache import entry", ""]
+            "from numba import njit", "", "from jitgraph.runtime.cache import entry",
+            "from jitgraph.runtime.cpu.pointers import copy_bytes", ""]
+    head += [comment(f"io[{s.pointer}]: {s.region} {k}") for k, s in
+             [*plan.inputs.items(), *plan.outputs.items()]]
     head += [f'{k} = entry(__file__, "{k}", {nargs})' for k, (_, nargs) in sorted(kernels.items())]
     body = ["a = np.int64(arena.ctypes.data)", "p = np.int64(persist.ctypes.data)"] + body
     text = "\n".join(head) + "\n\n\n" + '@njit(cache=True, error_model="numpy", nogil=True)\n' + \
-        "def DRIVER(arena, persist):\n" + "\n".join("    " + ln for ln in body) + "\n"
+        "def DRIVER(arena, persist, io):\n" + "\n".join("    " + ln for ln in body) + "\n"
     driver = name_of("d", text)
     work_bytes = work_at + work - plan.arena_bytes if work else 0
     return Generated({k: t for k, (t, _) in kernels.items()}, driver,
@@ -157,6 +171,11 @@ def comment(text: str) -> str:
     return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _address(region, offset):
-    base = "a" if region == "arena" else "p"
+def _base(slot):
+    """(base, offset) of a plan Slot: base "arena", "persist", or the io table entry (an int)."""
+    return (slot.pointer if slot.region in CALLER else slot.region), slot.offset
+
+
+def _address(base, offset):
+    base = f"io[{base}]" if isinstance(base, int) else "a" if base == "arena" else "p"
     return f"{base} + {offset}" if offset else base

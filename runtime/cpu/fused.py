@@ -16,6 +16,7 @@ from jitgraph.registry import get_op
 
 from jitgraph.passes.fuse import rows_flags
 
+from . import rules     # ELEMENTWISE: the CPU spelling of elementwise ops (rules imports us too)
 from .lower import (NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, collapse, literal,
                     matmul_operands, reduce_pattern, reduction)
 
@@ -27,18 +28,13 @@ def typed_literal(v, dtype) -> str:
     return f"np.float32({lit})" if dtype == "f32" and isinstance(v, float) else lit
 
 
-def f32_math(text: str) -> str:
-    """Float32 source: exp and tanh calls become the vectorisable approximations of
-    runtime/cpu/approx.py (<= 2 ulp); other libm calls stay."""
-    return text.replace("math.exp(", "fexp(").replace("math.tanh(", "ftanh(")
-
-
 def scalar_expr(n, args) -> str:
-    """Node n's value from operand expressions `args`, cast to its dtype."""
+    """Node n's value from operand expressions `args`, cast to its dtype: the op's expression
+    as this backend spells it (runtime/cpu/rules.py ELEMENTWISE)."""
     dt = n.type.dtype
-    template = get_op(n.op).expr
+    template = rules.ELEMENTWISE.expr(n.op, dt)
     if dt == "f32":
-        template = f32_math(_FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template))
+        template = _FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
     attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
     return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
 
@@ -320,7 +316,7 @@ def rows(g, kernel, inlined, slot_of, rule):
     b = Builder(g, inlined)
     passes, final = rule.passes, rule.final
     ins = [slot_of(i) for i in externals(g, kernel.nodes, b.vals)]
-    fmt = {"T": NP_DTYPE[n.type.dtype], "D": D,
+    fmt = {"T": NP_DTYPE[n.type.dtype], "D": D, "exp": rules.approx("exp", n.type.dtype),
            "eps": typed_literal(n.attr.get("eps", 0.0), "f64")}
     if rule.stored and n.id in kernel.outputs and not any(_overlap(slot_of(n.id), s) for s in ins):
         passes, final = rule.stored
@@ -356,8 +352,6 @@ def rows(g, kernel, inlined, slot_of, rule):
     par = work >= PARALLEL_MIN_WORK and R > 1
     b.lines = levels[0] + [f"D = {D}", f"for r in {'prange' if par else 'range'}({R}):"] + \
         ["    " + ln for ln in levels[1] + lines]
-    if n.type.dtype == "f32":
-        b.lines = [f32_math(ln) for ln in b.lines]
     call = b.call(par, rule.imports)
     call.fastmath = True    # the row sums vectorise; NaN/inf semantics kept (no nnan/ninf)
     return call
@@ -372,6 +366,7 @@ def cross_entropy(g, kernel, inlined):
     lg, tg, gg = (g.nodes[i] for i in back.inputs)
     N, C = lg.type.shape
     T = NP_DTYPE[lg.type.dtype]
+    ex = rules.approx("exp", lg.type.dtype)
     labels = tg.type.dtype == "i32"
     la = b.arg((lg.id, (N, C)))
     ta = b.arg((tg.id, (N,) if labels else (N, C)))
@@ -387,20 +382,20 @@ def cross_entropy(g, kernel, inlined):
         # read first, as that row may be the logits' own buffer (planned in place)
         lines += [f"    y = {ta}[r]", f"    bad = y < 0 or y >= {C}", "    y = 0 if bad else y",
                   f"    xy = {la}[r, y]", f"    for j in range({C}):",
-                  f"        e = math.exp({la}[r, j] - m)", f"        {go}[r, j] = e",
+                  f"        e = {ex}({la}[r, j] - m)", f"        {go}[r, j] = e",
                   "        s += e", "    lse = m + math.log(s)", f"    inv = {T}(1.0 / s)",
                   "    total += (math.nan if bad else 0.0) + (lse - xy)",
                   f"    for j in range({C}):",
                   f"        {go}[r, j] = ({go}[r, j] * inv - ({T}(1.0) if j == y else {T}(0.0))) * gs"]
     else:
-        lines += [f"    for j in range({C}):", f"        s += math.exp({la}[r, j] - m)",
+        lines += [f"    for j in range({C}):", f"        s += {ex}({la}[r, j] - m)",
                   "    lse = m + math.log(s)", f"    inv = {T}(1.0 / s)",
                   "    ts = 0.0", f"    for j in range({C}):", f"        t = {ta}[r, j]",
                   "        ts += t", f"        total += t * (lse - {la}[r, j])", f"    tt = {T}(ts)",
-                  f"    for j in range({C}):", f"        p = math.exp({la}[r, j] - m) * inv",
+                  f"    for j in range({C}):", f"        p = {ex}({la}[r, j] - m) * inv",
                   f"        {go}[r, j] = (p * tt - {ta}[r, j]) * gs"]
     lines += [f"{lo}[0] = {T}(total / {N})"]
-    b.lines = [f32_math(ln) for ln in lines] if lg.type.dtype == "f32" else lines
+    b.lines = lines
     call = b.call(par)
     call.fastmath = True    # the row sums vectorise; NaN/inf semantics kept (no nnan/ninf)
     return call

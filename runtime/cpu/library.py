@@ -18,6 +18,9 @@ names its op, layout and parameters:
   lib_norm   rms_norm / layer_norm(x, out, eps)  rms_norm_back / layer_norm_back(x, g, out, eps)
              rope(x, pos, out, theta, neox)      rope_back(g, pos, out, theta, neox)
              causal_mask(x, out, n_past, value)
+  lib_kv     set_rows(table, idx, rows, out, axis, f16)  -- out may be table's buffer: rows only
+             kv_attention(q, k, v, pos, out, work, scale, f16)
+             -- work: workspace_size_kv_attention(q_shape, k_shape) elements
   lib_conv   conv2d(x, w, out, work, sh, sw, ph, pw, dh, dw)
              conv2d_back_input(w, g, out, work, ...)   conv2d_back_weight(x, g, out, work, ...)
              -- work: 1-D, workspace_size_conv2d(x_shape, w_shape, y_shape) elements, out's dtype
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from .lib_conv import (conv2d, conv2d_back_input, conv2d_back_weight,  # noqa: F401
                        workspace_size_conv2d)
+from .lib_kv import kv_attention, set_rows, workspace_size_kv_attention  # noqa: F401
 from .lib_norm import (causal_mask, layer_norm, layer_norm_back, rms_norm,  # noqa: F401
                        rms_norm_back, rope, rope_back)
 from .lib_pool import avg_pool2d, avg_pool2d_back, max_pool2d, max_pool2d_back  # noqa: F401

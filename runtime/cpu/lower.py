@@ -232,10 +232,12 @@ def argmax_rows(r):
 
 
 def logsumexp_rows(r):
+    # m unifies to float64 (`m = 0.0`): the exponentials are float64 whatever the dtype, by
+    # runtime/cpu/approx.py's dexp, which vectorises where math.exp, a libm call, did not
     return r.elem(r.at0, False, r.pad, "m") + r.first + \
         [r.ipad + "if v > m:", r.ipad + "    m = v", r.pad + "if not math.isfinite(m):",
          r.pad + "    m = 0.0", r.pad + "s = 0.0"] + r.inner + r.elem(r.at, False) + \
-        [r.ipad + "s += math.exp(v - m)", r.pad + f"{r.O} = {r.cast}(math.log(s) + m)"]
+        [r.ipad + "s += approx.dexp(v - m)", r.pad + f"{r.O} = {r.cast}(math.log(s) + m)"]
 
 
 def sum_memory(m):

@@ -1,7 +1,8 @@
 """Raw addresses in generated code: kernels are C-callable entry points taking buffer addresses."""
 from __future__ import annotations
 
-from numba import types
+import numpy as np
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
 
@@ -11,3 +12,17 @@ def ptr(typingctx, addr):
     def codegen(context, builder, sig, args):
         return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
     return types.voidptr(addr), codegen
+
+
+@njit(nogil=True, cache=True)
+def copy_bytes(dst, src, nbytes):
+    """Copy `nbytes` bytes from address `src` to address `dst` (a driver's update copy from a
+    caller's array)."""
+    carray(ptr(dst), (nbytes,), np.uint8)[:] = carray(ptr(src), (nbytes,), np.uint8)
+
+
+@njit(nogil=True, cache=True)
+def address(a):
+    """Where array `a`'s first element lies: ~0.2 us a call, against ~1-2 us for
+    `a.ctypes.data` or `a.__array_interface__` (the io table's entries, every call)."""
+    return a.ctypes.data

@@ -7,7 +7,8 @@ entry here; a new reduction, one Reduction entry (its loop bodies in runtime/cpu
 
 Row templates: (passes over the row: (setup, per element, after), the element's value). {0},
 {1}: the operands at (r, j); accumulators are float64, factors used per element are cast to {T};
-{D} is the row length, {eps} the op's attribute, {buf} the output row.
+{D} is the row length, {eps} the op's attribute, {buf} the output row, {exp} e^x in {T}
+(runtime/cpu/approx.py: vectorises, where math.exp, a libm call, keeps the row loop scalar).
 """
 from __future__ import annotations
 
@@ -55,9 +56,9 @@ def _pool(n):
 _SOFTMAX = (
     (["m = {T}(-math.inf)"], ["m = fmaximum(m, {0})"],       # vectorises (runtime/cpu/minmax.py)
      ["if not math.isfinite(m):", "    m = {T}(0.0)", "mt = m"]),
-    (["s = 0.0"], ["s += math.exp({0} - mt)"], ["inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"]))
+    (["s = 0.0"], ["s += {exp}({0} - mt)"], ["inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"]))
 # softmax storing exp(x - m) in its output row (one exp per element)
-_SOFTMAX_STORED = ((_SOFTMAX[0], (["s = 0.0"], ["e = math.exp({0} - mt)", "{buf}[r, j] = e",
+_SOFTMAX_STORED = ((_SOFTMAX[0], (["s = 0.0"], ["e = {exp}({0} - mt)", "{buf}[r, j] = e",
                                              "s += e"], ["inv = {T}(1.0 / s)"])),
                    "{buf}[r, j] * inv")
 _FMAX = ("from jitgraph.runtime.cpu.minmax import fmaximum",)
@@ -74,7 +75,7 @@ _LN_BACK = (["var = 0.0", "sg = 0.0", "sgx = 0.0"],
 
 TABLE = {
     # rows: fused.rows over the last axis, the library kernel otherwise
-    "softmax": Rows(_SOFTMAX, "math.exp({0} - mt) * inv", Library("softmax", _axis),
+    "softmax": Rows(_SOFTMAX, "{exp}({0} - mt) * inv", Library("softmax", _axis),
                     stored=_SOFTMAX_STORED, imports=_FMAX),
     "log_softmax": Rows(_SOFTMAX, "({0} - mt) - lg", Library("log_softmax", _axis),
                         imports=_FMAX),
@@ -108,6 +109,9 @@ TABLE = {
     "rope": Library("rope", _rope),
     "rope_back": Library("rope_back", _rope),
     "causal_mask": Library("causal_mask", lambda n: [n.attr["n_past"], n.attr["value"]]),
+    "set_rows": Library("set_rows", lambda n: [n.attr["axis"], n.attr["f16"]]),
+    "kv_attention": Library("kv_attention", lambda n: [n.attr["scale"], n.attr["f16"]],
+                            lambda lib, shapes, n: lib.workspace_size_kv_attention(*shapes[:2])),
     "max_pool2d": Library("max_pool2d", _pool),
     "max_pool2d_back": Library("max_pool2d_back", _pool),
     "avg_pool2d": Library("avg_pool2d", _pool),
