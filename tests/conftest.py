@@ -18,3 +18,27 @@ def jitgraph_cache_dir(tmp_path_factory):
         os.environ.pop("JITGRAPH_CACHE_DIR", None)
     else:
         os.environ["JITGRAPH_CACHE_DIR"] = old
+
+
+# ---- llama.cpp's stories260K model and what llama.cpp computes for it (tests/test_llama.py,
+# tests/test_generate.py); skipped with the path when ../shared/data is absent
+_GGUF = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gguf")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from jitgraph.models.llama import read_llama
+    path = os.path.join(_GGUF, "stories260K.gguf")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} (llama.cpp's stories260K test model) not present")
+    return read_llama(path)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    import json
+    path = os.path.join(_GGUF, "stories260K-reference.json")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not present")
+    with open(path) as f:
+        return json.load(f)

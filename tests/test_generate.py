@@ -24,20 +24,6 @@ REFERENCE = DATA / "gguf" / "stories260K-reference.json"
 
 
 @pytest.fixture(scope="module")
-def model():
-    if not MODEL.exists():
-        pytest.skip(f"{MODEL} (llama.cpp's stories260K test model) not present")
-    return read_llama(MODEL)
-
-
-@pytest.fixture(scope="module")
-def ref():
-    if not REFERENCE.exists():
-        pytest.skip(f"{REFERENCE} not present")
-    return json.loads(REFERENCE.read_text())
-
-
-@pytest.fixture(scope="module")
 def gen(model):
     """ctx 96, prompts in chunks of 8: the 5- and 12-token prompts take a padded chunk, a
     9-token one a chunk and a decode step."""

@@ -24,20 +24,6 @@ needs_model = pytest.mark.skipif(not (MODEL.exists() and REFERENCE.exists()),
                                         f"reference outputs are not present")
 
 
-@pytest.fixture(scope="module")
-def model():
-    if not MODEL.exists():
-        pytest.skip(f"{MODEL} not present")
-    return read_llama(MODEL)
-
-
-@pytest.fixture(scope="module")
-def ref():
-    if not REFERENCE.exists():
-        pytest.skip(f"{REFERENCE} not present")
-    return json.loads(REFERENCE.read_text())
-
-
 def load_params(prog, params):
     for k, v in params.items():
         prog.params[k] = v
