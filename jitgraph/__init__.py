@@ -17,6 +17,7 @@ from .ops import (  # noqa: F401  (names `import *` would skip or shadow)
     sum, max, abs, pow, slice)
 from .serialize import GraphFormatError  # noqa: F401
 from .errors import DataFormatError, ModelFormatError  # noqa: F401
+from .lora import lora  # noqa: F401  (jitgraph/lora.py: LoRA as a graph transform)
 
 __version__ = "0.1.0"
 

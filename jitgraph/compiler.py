@@ -14,7 +14,7 @@ from functools import partial
 
 def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memory=True,
             checkpoint=None, *, seed=0, check_finite=False, check_indices=True,
-            copy_outputs=True, share=None):
+            copy_outputs=True, share=None, hook=None):
     """Compile `graph` into a Program (see runtime/executor.py).
 
     loss: name of a scalar output to differentiate (adds grad/<param> outputs); optimizer: a
@@ -36,17 +36,32 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     type) lives at that program's slot in its persistent region, so weights assigned or updates
     made (a KV cache) through either program are seen by both (a decode and a prefill program,
     jitgraph/models/generate.py). Forward programs only (no optimizer); `seed` is then unused.
+    hook: `hook(gradients)`, called between the gradients and the update of each step that
+    applies the update (needs an optimizer): the update boundary (passes/boundary.py). The
+    step runs as phase 1 (forward, backward, accumulation), the hook, phase 2 (clipping, the
+    optimizer, the guard); `gradients` (runtime/executor.Gradients) maps param -> a writeable
+    view of its gradient, and `.flat` is one array over all of them (contiguous in the arena),
+    so the hook may change them in place (an MPI all-reduce: jitgraph/distributed.py). Fusion
+    then keeps the update out of the GEMM epilogues, and the gradients stay in memory until
+    the update: a larger arena (Program.stats()["memory"]["gradient_bucket_bytes"]). Without
+    a hook nothing changes. `Program.hook` replaces it between steps.
     """
     from .passes.pipeline import Options
     from .runtime.backend import get_backend
     backend = get_backend(target)
+    if hook is not None and not callable(hook):
+        raise TypeError(f"compile: hook must be a callable hook(gradients), got "
+                        f"{type(hook).__name__}")
     opts = Options(loss=loss, optimizer=optimizer, fuse=fuse, plan_memory=plan_memory,
-                   checkpoint=checkpoint, check_finite=check_finite)
+                   checkpoint=checkpoint, check_finite=check_finite, boundary=hook is not None)
     persist = None
     if share is not None:
         opts.param_slots, persist = _shared_params(graph, share, optimizer)
-    return build_program(graph, opts, backend, seed=seed, persist=persist,
+    prog = build_program(graph, opts, backend, seed=seed, persist=persist,
                          copy_outputs=copy_outputs, check_indices=check_indices)
+    if hook is not None:
+        prog.hook = hook
+    return prog
 
 
 def _shared_params(graph, share, optimizer):

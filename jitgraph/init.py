@@ -86,7 +86,22 @@ class HeUniform(Initializer):
         return rng.uniform(-a, a, size=shape)
 
 
-KINDS = {c.__name__: c for c in (Zeros, Constant, Normal, Uniform, GlorotUniform, HeNormal, HeUniform)}
+@dataclass(frozen=True)
+class LoraA(Initializer):
+    """jg.lora's A init (PEFT's lora_A): U(-bound, bound) with bound = 1/sqrt(in) (kaiming_uniform_, a=sqrt(5)),
+    drawn from a stream that depends on the compile seed's stream for the param (the `rng` given)
+    and on `seed` (jg.lora's)."""
+    bound: float = 1.0
+    seed: float = 0.0
+
+    def __call__(self, shape, rng):
+        mix = [int(v) for v in rng.integers(0, 2 ** 32, 2)]
+        sub = np.random.default_rng([int(self.seed), *mix])
+        return sub.uniform(-self.bound, self.bound, size=shape)
+
+
+KINDS = {c.__name__: c for c in (Zeros, Constant, Normal, Uniform, GlorotUniform, HeNormal, HeUniform,
+                                   LoraA)}
 
 
 def from_spec(spec) -> Initializer:

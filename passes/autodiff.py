@@ -3,11 +3,22 @@
 Appends the backward graph to a copy of the forward graph: one vjp rule per op (declared with the
 op in jitgraph/ops), gradients of values used several times accumulate, integer values get none.
 Gradients become outputs named `grad/<param>` (and `grad/<input>` for chosen inputs).
+
+Only what flows to a differentiated leaf is computed. A value is *active* when it depends on a
+differentiated leaf; rules run only for active nodes, and a rule's result for an operand that is
+not active (a frozen weight: a param with trainable=False, or one left out of `wrt`; an index;
+a value computed from frozen params alone) is dropped with every node only it needed, before
+the pass returns: the weight-gradient GEMM of a frozen W is never in the graph, while the
+gradient w.r.t. the activations flowing through W to earlier trainable params is. The report
+counts the frozen params and the backward's FLOPs against what the backward would cost with
+every float param differentiated (`full_backward_flops`).
 """
 from __future__ import annotations
 
+from jitgraph.ir import copy_node, live_nodes, rebuild
 from jitgraph.ops.common import const
-from jitgraph.registry import get_op
+from jitgraph.printer import param_roles
+from jitgraph.registry import cost, get_op
 from jitgraph.types import ShapeError
 
 from .report import Report
@@ -40,6 +51,42 @@ def grad(graph, loss: str = "loss", wrt=None, inputs=()):
             raise ShapeError(f"grad: input {name!r} is not float and has no gradient")
         leaves[graph.inputs[name]] = name
 
+    g, n_rules, unused = _backward(graph, lnode, leaves)
+    g, pruned, pruned_flops = _prune(g, len(graph.nodes))
+    n_fwd = len(graph.nodes)
+    flops = _flops(g, range(n_fwd, len(g.nodes)))
+    roles = param_roles(graph)
+    # frozen: float params that get no gradient and are not state (optimizer moments, caches)
+    frozen = [k for k, r in roles.items() if r != "state" and k not in wrt
+              and graph.nodes[graph.params[k]].type.is_float]
+    full = flops
+    if frozen:      # what the backward would cost with every float param differentiated
+        every = dict(leaves)
+        every.update({graph.params[k]: k for k in frozen})
+        fg, _, _ = _backward(graph, lnode, every)
+        fg, _, _ = _prune(fg, n_fwd)
+        full = _flops(fg, range(n_fwd, len(fg.nodes)))
+    rep = Report("autodiff", {"forward_nodes": n_fwd, "backward_nodes": len(g.nodes) - n_fwd,
+                              "vjp_rules": n_rules, "grads": len(leaves),
+                              "frozen_params": len(frozen), "backward_flops": flops,
+                              "full_backward_flops": full, "pruned_nodes": pruned,
+                              "pruned_flops": pruned_flops})
+    if frozen:
+        size = sum(graph.nodes[graph.params[k]].type.size for k in frozen)
+        saved = full - flops
+        rep.lines.append(
+            f"frozen: {len(frozen)} params ({size:,} elements) get no gradient: backward "
+            f"{flops:,} FLOPs instead of {full:,} ({saved:,} saved, "
+            f"{100.0 * saved / full if full else 0.0:.1f} %); {pruned} dead gradient nodes "
+            f"({pruned_flops:,} FLOPs) left out")
+    if unused:
+        rep.lines.append(f"loss does not depend on {', '.join(unused)}: gradient is zero")
+    return g.validate(), rep
+
+
+def _backward(graph, lnode, leaves):
+    """(graph copy with the backward appended and grad/* outputs for `leaves` {node id: name},
+    vjp rules run, names whose gradient is zero)."""
     g = graph.copy()
     n_fwd = len(g.nodes)
     # values that depend on a differentiated leaf and are float: they carry gradients
@@ -61,7 +108,7 @@ def grad(graph, loss: str = "loss", wrt=None, inputs=()):
             raise AssertionError(f"vjp of {n.op} returned {len(gis)} grads for {len(xs)} inputs")
         for x, gi in zip(xs, gis):
             if gi is None or not active[x.id]:
-                continue
+                continue        # e.g. a frozen weight's gradient: _prune removes what it built
             if gi.type != x.type:
                 raise AssertionError(f"vjp of {n.op} (%{n.id}) gave {gi.type} for operand "
                                      f"{x.label} {x.type}")
@@ -73,8 +120,24 @@ def grad(graph, loss: str = "loss", wrt=None, inputs=()):
             unused.append(name)
             grads[nid] = const(g, 0.0, t.dtype, t.shape)
         g.outputs[f"grad/{name}"] = grads[nid].id
-    rep = Report("autodiff", {"forward_nodes": n_fwd, "backward_nodes": len(g.nodes) - n_fwd,
-                              "vjp_rules": n_rules, "grads": len(leaves)})
-    if unused:
-        rep.lines.append(f"loss does not depend on {', '.join(unused)}: gradient is zero")
-    return g.validate(), rep
+    return g, n_rules, unused
+
+
+def _prune(g, n_fwd):
+    """(g without the backward nodes no output or update reads, their count, their FLOPs); the
+    forward nodes (ids < n_fwd) are all kept, at their ids."""
+    live = live_nodes(g)
+    dead = [i for i in range(n_fwd, len(g.nodes)) if i not in live]
+    if not dead:
+        return g, 0, 0
+    dead_flops = _flops(g, dead)
+
+    def keep(h, n, new):
+        return copy_node(h, n, new) if n.id < n_fwd or n.id in live else None
+
+    h, _ = rebuild(g, keep)
+    return h, len(dead), dead_flops
+
+
+def _flops(g, ids) -> int:
+    return int(sum(cost(g, g.nodes[i]).flops for i in ids))

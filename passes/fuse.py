@@ -36,6 +36,9 @@ path between them (that would need the group to run both before and after that n
 two groups to run each before the other); a path may pass through views and other groups.
 A backward node (not needed by the non-gradient outputs) never joins a group holding forward
 nodes: it would be saved from the forward pass to the backward as an extra output.
+With an update boundary (passes/boundary.py) no group holds nodes of both phases (the update
+stays out of the GEMM epilogues), and every phase-1 kernel comes before every phase-2 one:
+`KernelGraph.boundary` is the number of phase-1 kernels (None without a boundary).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 from jitgraph.ir import base, live_nodes, op_kind
 from jitgraph.registry import cost, get_op, row_axis
 
+from .boundary import boundary_values, phase_two
 from .report import Report
 
 
@@ -68,6 +72,7 @@ class KernelGraph:
     kernels: list          # Kernel, in execution order
     live: frozenset        # node ids whose values are needed (outputs, updates and their inputs)
     inlined: frozenset = frozenset()   # `full` nodes with no kernel and no buffer
+    boundary: int | None = None   # update boundary: kernels[:boundary] are phase 1, the rest 2
 
     def outputs_of(self, kernel) -> tuple:
         """The values `kernel` writes to memory (the others live in registers)."""
@@ -107,6 +112,9 @@ class KernelGraph:
             outs = ", ".join(g.label(i) for i in k.outputs)
             kind = "" if k.kind == "node" else f" [{k.kind}] -> {outs}"
             lines.append(f"  k{k.id}: {members} : {g.nodes[k.root].type}{kind}")
+        if self.boundary is not None:
+            lines.insert(self.boundary + 1, f"  -- update boundary: phase 1 above ({self.boundary} "
+                                            f"kernels), the hook, phase 2 below --")
         if self.inlined:
             lines.append("  inlined constants: " + ", ".join(f"%{i}" for i in sorted(self.inlined)))
         return "\n".join(lines)
@@ -151,6 +159,7 @@ class _Grouping:
         self.g, self.live, self.forward = graph, live, forward_nodes(graph)
         self.users = {i: [u for u in us if u in live] for i, us in graph.users().items()}
         self.kept = set(graph.outputs.values()) | set(graph.updates.values())   # read after
+        self.phase2 = phase_two(graph, live)     # update boundary: never fused with phase 1
         self.group_of = {}          # node id -> group id
         self.groups = {}            # group id -> dict(members, kind, domain, anchor)
 
@@ -194,6 +203,8 @@ class _Grouping:
 
     def merge(self, nid, gids, kind, domain, anchor) -> bool:
         members = sorted({nid, *[m for gid in gids for m in self.groups[gid]["members"]]})
+        if self.phase2 and len({m in self.phase2 for m in members}) > 1:
+            return False
         if not self.convex(members):
             return False
         pro = set().union(*(self.groups[gid].get("prologue", ()) for gid in gids))
@@ -313,10 +324,13 @@ def _merge_updates(gr):
     scalars = [gid for gid, grp in gr.groups.items() if grp["kind"] == "elementwise" and
                grp["domain"] == () and gid not in upd and
                any(u in members for m in grp["members"] for u in gr.users[m])]
-    for gids in (upd, scalars):
-        if len(gids) > 1:
-            last = max(m for gid in gids for m in gr.groups[gid]["members"])
-            gr.merge(last, gids, "elementwise", None if gids is upd else (), None)
+    parts = [([gid for gid in gids if (gr.groups[gid]["members"][0] in gr.phase2) == phase],
+              domain) for gids, domain in ((upd, None), (scalars, ()))
+             for phase in (False, True)]    # an update boundary: one kernel per phase
+    for part, domain in parts:
+        if len(part) > 1:
+            last = max(m for gid in part for m in gr.groups[gid]["members"])
+            gr.merge(last, part, "elementwise", domain, None)
 
 
 def _group_fused(graph, live):
@@ -365,7 +379,9 @@ def _order(gr):
                   if b in gr.group_of and gr.group_of[b] != gid}
             for gid, grp in gr.groups.items()}
     order, done = [], set()
-    pending = sorted(gr.groups, key=lambda gid: min(gr.groups[gid]["members"]))
+    # phase 1 first (its groups read no phase-2 group), then by first member
+    pending = sorted(gr.groups, key=lambda gid: (gr.groups[gid]["members"][0] in gr.phase2,
+                                                 min(gr.groups[gid]["members"])))
     while pending:
         gid = next((x for x in pending if deps[x] <= done), None)
         if gid is None:
@@ -387,9 +403,11 @@ def _outputs(gr, members, gid):
 def group_kernels(graph, fuse: bool = True):
     """Group the live computing nodes into kernels. Returns (KernelGraph, Report)."""
     live = live_nodes(graph)
+    phase2 = phase_two(graph, live)
     if not fuse:
-        kernels = [n.id for n in graph.nodes
-                   if n.id in live and op_kind(n.op) not in ("leaf", "view")]
+        kernels = sorted((n.id for n in graph.nodes
+                          if n.id in live and op_kind(n.op) not in ("leaf", "view")),
+                         key=lambda nid: nid in phase2)     # phase 1 first, else node order
         kg = KernelGraph(graph, [Kernel(k, (nid,), "node", (nid,)) for k, nid in
                                  enumerate(kernels)], live)
         inlined = frozenset()
@@ -404,6 +422,8 @@ def group_kernels(graph, fuse: bool = True):
                 else "node"
             kernels.append(Kernel(len(kernels), members, kind, outs, grp["anchor"]))
         kg = KernelGraph(graph, kernels, live, inlined)
+    if phase2 or boundary_values(graph):
+        kg.boundary = sum(k.root not in phase2 for k in kg.kernels)
     n_nodes = sum(len(k.nodes) for k in kg.kernels)
     rep = Report("fuse", {"kernels": len(kg.kernels), "fused_nodes": n_nodes - len(kg.kernels),
                           "inlined_constants": len(inlined), "bytes_moved": kg.bytes_moved(),
@@ -413,4 +433,7 @@ def group_kernels(graph, fuse: bool = True):
         for k in kg.kernels:
             kinds[k.kind] = kinds.get(k.kind, 0) + 1
         rep.lines.append("kernels by kind: " + ", ".join(f"{k}={v}" for k, v in kinds.items()))
+    if kg.boundary is not None:
+        rep.stats["phase_1_kernels"] = kg.boundary
+        rep.stats["phase_2_kernels"] = len(kg.kernels) - kg.boundary
     return kg, rep

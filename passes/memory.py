@@ -21,6 +21,11 @@ Arena plan (`reuse=True`), over the kernel order of passes/fuse.py:
      largest first, each at the lowest-waste gap among the already placed buffers it is live
      with (greedy by size, best fit).
 `reuse=False` is the naive baseline: one buffer per value, no sharing.
+Update boundary (passes/boundary.py): the boundary values of each dtype are one buffer of the
+packing above (a bucket: each value on a cache line, in param order, live from the first of
+them to the end of the step), neither taking nor giving a buffer in place; `gradients` gives
+their slots, `buckets` the flat ranges a hook reads as one array, `pads` the bytes between them
+the driver zeroes at the end of phase 1.
 The report gives the naive bytes, the planned arena, the lower bound (largest live set of the
 same values; in-place reuse can go below it) and the in-place reuses; `MemoryPlan.describe`
 lists every buffer's offset, size, live steps and the value it reuses.
@@ -35,6 +40,7 @@ import numpy as np
 from jitgraph.ir import LEAF_OPS, base, op_kind
 from jitgraph.registry import get_op
 
+from .boundary import PREFIX, boundary_values
 from .liveness import intervals, live_bytes
 from .report import Report
 
@@ -70,6 +76,9 @@ class MemoryPlan:
     lower_bound: int = 0        # largest live set of the arena values (bytes)
     inputs: dict = field(default_factory=dict)    # input name -> Slot in region "input"
     outputs: dict = field(default_factory=dict)   # output name -> Slot in region "output"
+    gradients: dict = field(default_factory=dict)  # update boundary: param -> Slot in a bucket
+    buckets: list = field(default_factory=list)   # (dtype, offset, nbytes): flat arena ranges
+    pads: list = field(default_factory=list)      # (offset, nbytes) zeroed at the boundary
 
     @property
     def pointers(self) -> int:
@@ -85,7 +94,10 @@ class MemoryPlan:
                 len(self.reuses), "persistent_bytes": self.persist_bytes,
                 "updates_in_place": len(self.inplace), "updates_copied": len(self.copies),
                 "input_bytes": sum(s.nbytes for s in self.inputs.values()),
-                "output_bytes": sum(s.nbytes for s in self.outputs.values())}
+                "output_bytes": sum(s.nbytes for s in self.outputs.values()),
+                **({"gradient_bytes": sum(s.nbytes for s in self.gradients.values()),
+                    "gradient_bucket_bytes": sum(b[2] for b in self.buckets),
+                    "gradient_buckets": len(self.buckets)} if self.buckets else {})}
 
     def describe(self, graph) -> str:
         s = self.summary()
@@ -106,6 +118,9 @@ class MemoryPlan:
             where = f"{sl.region}#{sl.pointer}" if sl.region in CALLER else sl.region
             lines.append(f"  {graph.label(nid):>12} {where}@{sl.offset} +{sl.nbytes}"
                          f"{live}{reuse} : {n.type}")
+        lines += [f"  gradient bucket {dt}: arena@{off} +{nb}: " + ", ".join(
+            k for k, s in self.gradients.items() if off <= s.offset < off + nb)
+            for dt, off, nb in self.buckets]
         lines += [f"  update {p} <- %{i} in place" for p, i in self.inplace.items()]
         lines += [f"  update {p} <- {graph.label(i)} copied after the step" for p, i in self.copies]
         return "\n".join(lines)
@@ -180,13 +195,14 @@ def caller_outputs(kg, persistent=()) -> dict:
     where the caller's array lies): a value a kernel writes, read by this output alone (one
     pointer per buffer), neither an update's source nor written into a param (`persistent`).
     Other outputs (an input, a param, a value two outputs or an update share) stay where they
-    are and are copied out."""
+    are and are copied out; update boundary values (`boundary/<param>`) live in their bucket."""
     g = kg.graph
     written = {nid for k in kg.kernels for nid in kg.outputs_of(k)}
     updates = {base(g, u) for u in g.updates.values()}
     bases = [base(g, nid) for nid in g.outputs.values()]
     return {name: b for name, b in zip(g.outputs, bases)
-            if b in written and b not in updates and b not in persistent and bases.count(b) == 1
+            if not name.startswith(PREFIX) and b in written and b not in updates and
+            b not in persistent and bases.count(b) == 1
             and g.nodes[b].op not in LEAF_OPS}
 
 
@@ -245,6 +261,31 @@ def _pack(sizes, starts, ends):
     return offs.tolist()
 
 
+def _boundary(kg, ivs) -> dict:
+    """param -> the buffer-owning value its boundary value lives in (passes/boundary.py), in
+    param order; a ValueError names a value that cannot have a bucket slot of its own."""
+    g = kg.graph
+    out, owner = {}, {}
+    values = boundary_values(g)
+    for name in g.params:
+        if name not in values:
+            continue
+        b = base(g, values[name])
+        if b not in ivs:
+            what = "a program input" if g.nodes[b].op == "input" else \
+                "a param" if g.nodes[b].op == "param" else "not computed by a kernel"
+            raise ValueError(f"update boundary: the gradient of param {name!r} is "
+                             f"{g.label(b)} ({g.nodes[b].op}), {what}; it needs a buffer of its "
+                             f"own in the gradient region; compile without hook=")
+        if b in owner:
+            raise ValueError(f"update boundary: params {owner[b]!r} and {name!r} have the same "
+                             f"gradient value {g.label(b)}; the gradient region needs one "
+                             f"buffer per param; compile without hook=")
+        owner[b] = name
+        out[name] = b
+    return out
+
+
 def plan_memory(kg, params=None, reuse=True):
     """Memory plan for a KernelGraph: returns (MemoryPlan, Report). `params` (name -> Slot)
     places the params in an existing persistent region (a program sharing another's params);
@@ -272,25 +313,45 @@ def plan_memory(kg, params=None, reuse=True):
     kept = {base(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
     owner = {nid: nid for nid in ivs}            # value -> first value of its buffer chain
     reuses = {}
+    grads = _boundary(kg, ivs)
     if reuse:
         for t, k in enumerate(kg.kernels):
             b = _inplace_operand(kg, k, t, ivs, kept)
-            if b is not None:
+            if b is not None and k.root not in grads.values():
                 reuses[k.root] = b
                 owner[k.root] = owner[b]
     chains = {}
     for nid in sorted(ivs, key=lambda i: ivs[i]):
         chains.setdefault(owner[nid], []).append(nid)
-    heads = list(chains)
+    heads = [h for h in chains if h not in grads.values()]
     sizes = [_align(max(g.nodes[i].type.nbytes for i in chains[h])) for h in heads]
     starts = [ivs[chains[h][0]][0] for h in heads]
     ends = [ivs[chains[h][-1]][1] for h in heads]
+    buckets = {}                      # dtype -> [(param, value, offset in the bucket)]
+    for name, nid in grads.items():
+        b = buckets.setdefault(g.nodes[nid].type.dtype, [])
+        b.append((name, nid, b[-1][2] + _align(g.nodes[b[-1][1]].type.nbytes) if b else 0))
+    for b in buckets.values():
+        heads.append(b)
+        sizes.append(b[-1][2] + _align(g.nodes[b[-1][1]].type.nbytes))
+        starts.append(min(ivs[nid][0] for _, nid, _ in b))
+        ends.append(max(ivs[nid][1] for _, nid, _ in b))
     if reuse:
         offs = _pack(sizes, starts, ends)
     else:
         offs = np.cumsum([0] + sizes[:-1]).tolist()
     arena = max((o + z for o, z in zip(offs, sizes)), default=0)
+    gradients, flat, pads = {}, [], []
     for h, off in zip(heads, offs):
+        if isinstance(h, list):                      # a bucket of boundary values
+            for name, nid, at in h:
+                n = g.nodes[nid].type.nbytes
+                slots[nid] = gradients[name] = Slot("arena", int(off + at), n)
+                if _align(n) > n:
+                    pads.append((int(off + at + n), _align(n) - n))
+            flat.append((g.nodes[h[0][1]].type.dtype, int(off),
+                         h[-1][2] + _align(g.nodes[h[-1][1]].type.nbytes)))
+            continue
         for nid in chains[h]:
             slots[nid] = Slot("arena", int(off), g.nodes[nid].type.nbytes)
     for nid in kg.live:
@@ -299,5 +360,6 @@ def plan_memory(kg, params=None, reuse=True):
     prof = live_bytes(g, ivs, max(len(kg.kernels), 1))
     plan = MemoryPlan(slots, int(arena), persist, params, copies, inplace, reuses, ivs,
                       naive_bytes=sum(_align(g.nodes[i].type.nbytes) for i in ivs),
-                      lower_bound=max(prof, default=0), inputs=ins, outputs=outs)
+                      lower_bound=max(prof, default=0), inputs=ins, outputs=outs,
+                      gradients=gradients, buckets=flat, pads=pads)
     return plan, Report("memory", {"plan": "reuse" if reuse else "naive", **plan.summary()})

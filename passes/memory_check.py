@@ -61,9 +61,23 @@ def check_plan(kg, plan) -> None:
         first = 0 if g.nodes[nid].op == "input" else written[nid]
         end = n_steps - 1 if nid in kept else last.get(nid, first)
         span[nid] = (first, max(first, end))
+    _check_buckets(g, plan)
     _check_caller(g, kg, plan, written)
     _check_arena(g, kg, plan, span)
     _check_persist(g, kg, plan, written, last)
+
+
+def _check_buckets(g, plan):
+    """Update boundary: every gradient lies inside one bucket of its dtype, in the arena."""
+    for name, s in plan.gradients.items():
+        dt = g.nodes[g.params[name]].type.dtype
+        assert s.region == "arena" and any(
+            d == dt and off <= s.offset and s.offset + s.nbytes <= off + nb
+            for d, off, nb in plan.buckets), \
+            f"memory plan: the gradient of {name} {s} lies in no {dt} bucket {plan.buckets}"
+    for _, off, nb in plan.buckets:
+        assert 0 <= off and off + nb <= plan.arena_bytes, \
+            f"memory plan: bucket at {off} +{nb} outside the arena ({plan.arena_bytes} B)"
 
 
 def _check_caller(g, kg, plan, written):

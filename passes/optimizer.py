@@ -11,6 +11,8 @@ Order per step: accumulate -> clip by global norm -> weight decay -> update. Wit
 each micro-batch gradient is scaled by 1/k before it is summed (the `loss` output stays the
 unscaled micro-batch loss); on other micro-steps params and moments keep their exact values
 (`where(opt/apply, new, old)`), and the accumulators restart from zero after applying.
+With an update boundary (passes/boundary.py) the boundary values are the gradients after
+accumulation, so a hook on the micro-step that applies the update sees the whole sum.
 """
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ from jitgraph.ops import apply, cast, const, clamp, exp, mul, scale, sqr, sqrt, 
 from jitgraph.optim import APPLY, LR, STEP, Adam
 from jitgraph.types import ShapeError
 
+from .boundary import PREFIX
 from .guard import gate
 from .report import Report
 
 
-def apply_optimizer(graph, optimizer, loss: str = "loss"):
-    """Return (graph with the update appended, Report)."""
+def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False):
+    """Return (graph with the update appended, Report). `boundary`: the values the update
+    consumes (each gradient, or its accumulated sum) become outputs `boundary/<param>`, the
+    update boundary of passes/boundary.py (a hook sees them between the two phases)."""
     if loss not in graph.outputs:
         raise ShapeError(f"optimizer: graph {graph.name} has no output {loss!r}; outputs are "
                          f"{', '.join(graph.outputs) or 'none'}")
@@ -45,6 +50,9 @@ def apply_optimizer(graph, optimizer, loss: str = "loss"):
         for p in names:
             acc[p] = _state("acc", params[p]) + scale(grads[p], 1.0 / k)
         grads = dict(acc)
+    if boundary:
+        for p in names:
+            g.outputs[PREFIX + p] = grads[p].id
     if optimizer.clip_norm is not None:
         grads = _clip(grads, optimizer.clip_norm, scalars)
     rule = _adam if isinstance(optimizer, Adam) else _sgd
@@ -63,6 +71,9 @@ def apply_optimizer(graph, optimizer, loss: str = "loss"):
         "nodes": len(g.nodes) - n0})
     spec = optimizer.spec()
     rep.lines.append(f"{spec.pop('kind')}: " + ", ".join(f"{f}={v}" for f, v in spec.items()))
+    if boundary:
+        rep.lines.append(f"update boundary: outputs {PREFIX}<param> ({len(names)}) are what the "
+                         f"update reads, after the hook")
     if k > 1:
         rep.lines.append(f"accumulate={k}: gradients scaled by 1/{k} and summed in opt/acc/*; "
                          f"output {loss!r} is the unscaled micro-batch loss")

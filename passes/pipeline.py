@@ -12,7 +12,10 @@ Stages and their switches (jitgraph.compile arguments):
   autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs
   guard       with `check_finite`: flags whether every float output (loss, gradients) is
               finite and makes every update keep the old value when not (passes/guard.py)
-  optimizer   when `optimizer` is given: appends the parameter update (needs `loss`)
+  optimizer   when `optimizer` is given: appends the parameter update (needs `loss`); with
+              `hook` (Options.boundary) the gradients become the outputs of phase 1 and the
+              update phase 2 (the update boundary, passes/boundary.py), which fuse, schedule,
+              memory and the backend's driver follow
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
   checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
               passes/checkpoint.py), measuring each candidate with `plan` below
@@ -50,6 +53,7 @@ class Options:
     plan_memory: bool = True
     checkpoint: object = None
     check_finite: bool = False        # guard: a step with a non-finite value changes nothing
+    boundary: bool = False            # update boundary: gradients, hook, update (boundary.py)
     param_slots: dict | None = None   # internal: place params in another program's region
 
 
@@ -80,7 +84,8 @@ def _guard(st):
 
 
 def _optimizer(st):
-    st.graph, rep = apply_optimizer(st.graph, st.options.optimizer, st.options.loss)
+    st.graph, rep = apply_optimizer(st.graph, st.options.optimizer, st.options.loss,
+                                    boundary=st.options.boundary)
     return rep
 
 
@@ -171,6 +176,9 @@ def plan(graph, options: Options) -> State:
 def run_pipeline(graph, options: Options) -> State:
     if options.optimizer is not None and options.loss is None:
         raise ShapeError("compile: an optimizer needs loss=<output name> to differentiate")
+    if options.boundary and options.optimizer is None:
+        raise ShapeError("compile: an update hook needs an optimizer (the hook runs between the "
+                         "gradients and the update)")
     st = State(graph, options)
     st.ir["graph"] = str(graph)
     dump("graph", st.ir["graph"])

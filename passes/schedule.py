@@ -14,7 +14,8 @@ its update in the epilogue that frees a large activation before dX has read W.
 The effect: each param's update runs right after its gradient is complete, so the gradient
 (or, with fusion, the activation its GEMM reads) dies there, not at the end of the step; and
 scalars that only depend on the step counter (bias corrections) no longer wait for the whole
-backward. Everything else keeps its order.
+backward. Everything else keeps its order. With an update boundary (passes/boundary.py) a
+phase-2 kernel is ready only once every phase-1 kernel has run.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def reorder(kg):
     """The KernelGraph with its kernels in the memory-aware order, renumbered."""
     order = _order(kg)
     return KernelGraph(kg.graph, [replace(kg.kernels[k], id=t) for t, k in enumerate(order)],
-                       kg.live, kg.inlined)
+                       kg.live, kg.inlined, kg.boundary)
 
 
 def peak(kg) -> int:
@@ -81,8 +82,9 @@ def _order(kg) -> list:
         return freed - made, made
 
     pending, done, order = list(range(len(ks))), set(), []
+    n1 = len(ks) if kg.boundary is None else kg.boundary      # kernels[:n1]: phase 1
     while pending:
-        ready = [t for t in pending if deps[t] <= done]
+        ready = [t for t in pending if deps[t] <= done and (t < n1 or len(order) >= n1)]
         if not ready:
             raise ValueError(f"schedule: kernels {', '.join(f'k{ks[t].id}' for t in pending)} "
                              f"of graph {g.name} read each other's outputs (a cycle)")

@@ -32,6 +32,30 @@ the target's backend; runtime/executor.py's Program runs what the backend built.
                 `slot.pointer` of every "input" slot is where the caller's array (or the
                 program's converted copy) lies, of every "output" slot where the output is to be
                 written (the program's own buffer or the caller's array).
+  driver(arena, persist, io, phase)
+                with an update boundary (`kernels.boundary` is not None, passes/boundary.py):
+                phase 1 runs `kernels.kernels[:boundary]` (forward, backward, accumulation) and
+                zeroes `plan.pads`; phase 2 the rest (clipping, optimizer, guard) and the copies
+                into params; phase 0 both. Between the two the Program calls the user's hook
+                with views of `plan.gradients` / `plan.buckets` (arena bytes the hook may change
+                in place: an MPI all-reduce, a non-finite check), so a backend must leave the
+                gradients in host-visible (or hook-visible) memory at the end of phase 1 and
+                read them back in phase 2. The passes guarantee the rest: no kernel spans the
+                boundary (no update in a GEMM epilogue), every gradient is in memory, in one
+                contiguous bucket per dtype. Without a hook none of this changes a program.
+
+Not built yet, written down for the CUDA backend: capture of a whole step for replay (CUDA
+graphs). The products make a step capturable: a fixed kernel sequence over fixed addresses
+(arena and persistent region allocated once; `plan.pointers` the only per-call addresses) with
+no host decision inside a phase. A CUDA backend would capture `driver` once per distinct `io`
+table (the inputs staged into fixed device buffers, so one capture serves every call) and
+replay it; the per-step scalars (`opt/lr`, `opt/step`, `opt/apply`) already live in buffers of
+the program's own whose addresses never change. With an update boundary it captures phase 1
+and phase 2 as two graphs and runs the hook between the replays (an NCCL or CUDA-aware MPI
+all-reduce on the device bucket could itself be captured into the phase-1 graph when the hook
+is known to be one). What stays outside a capture: the index-range check and the guard's flag
+read (host reads after the replay), and changing `io` (a caller's output array): a new
+capture, or a copy from the program's buffer.
 """
 from __future__ import annotations
 
@@ -101,11 +125,13 @@ def _compile_driver(gen, fresh=False):
     dpath, _ = cache.store(gen.driver, gen.driver_source)
     driver = getattr(cache.load(dpath, fresh), gen.driver)
     region = types.Array(types.uint8, 1, "C")
-    driver.compile((region, region, types.Array(types.int64, 1, "C")))
+    io = types.Array(types.int64, 1, "C")
+    driver.compile((region, region, io) if gen.phases == 1 else (region, region, io, types.int64))
     return driver
 
 
-BACKENDS = {"cpu": CPU}
+BACKENDS = {"cpu": CPU, "cuda": lambda: __import__(   # runtime/cuda: numba-cuda loaded on use
+    "jitgraph.runtime.cuda.backend", fromlist=["CUDA"]).CUDA()}
 
 
 def get_backend(target: str):

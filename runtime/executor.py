@@ -10,16 +10,19 @@ address of each input array (or of its converted copy, when it is not C-contiguo
 exact dtype) into the driver's per-call pointer table `io`, feeds the optimizer's per-step
 scalars (`opt/lr`, `opt/step`, `opt/apply`), calls the driver once and returns fresh copies of
 the outputs; `step_into` points the table's output entries at the caller's arrays.
+With an update boundary (compile(hook=...), passes/boundary.py) a step is the driver's phase 1
+(the gradients), `hook(Gradients)` (views of the gradients in the arena, which it may change in
+place), then phase 2 (the update).
 """
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from jitgraph.ir import base, live_nodes
-from jitgraph.types import ShapeError
+from jitgraph.types import ShapeError, TensorType
 from jitgraph.validate import index_inputs
 
 
@@ -39,6 +42,31 @@ class Products:
     ir: dict = field(default_factory=dict)       # stage -> printed IR
     reports: list = field(default_factory=list)  # each pass's Report
     stats: dict = field(default_factory=dict)
+
+
+class Gradients(Mapping):
+    """What an update hook sees (compile(hook=...)): param name -> its gradient (with
+    accumulation: the accumulated sum the update applies) as a writeable view of the program's
+    arena, valid during the hook only. `buckets`: dtype name -> one flat writeable array over
+    all the gradients of that dtype, in param order, each gradient starting on a 64-byte line,
+    the bytes between them zero (`flat`: the f32 bucket, or the only one; an in-place MPI
+    Allreduce of it averages every gradient at once, no copy). `offsets`: param -> index of its
+    first element in its bucket. `step`: the 1-based optimizer step the update applies.
+    Changes made through the views are what the update reads."""
+
+    def __init__(self, views: dict, buckets: dict, offsets: dict):
+        self._views, self.buckets, self.offsets = views, buckets, offsets
+        self.flat = buckets.get("f32", next(iter(buckets.values()), None))
+        self.step = 0
+
+    def __getitem__(self, name):
+        return self._views[name]
+
+    def __iter__(self):
+        return iter(self._views)
+
+    def __len__(self):
+        return len(self._views)
 
 
 class ArrayMap(MutableMapping):
@@ -183,6 +211,21 @@ class Program:
         self._nonfinite = None if products.nonfinite is None else \
             self._view(g.outputs[products.nonfinite])
         self._checks = {k: self._view(g.outputs[f]) for f, k in products.checks.items()}
+        # update boundary: the driver runs in phases, the hook between them
+        self._phased = products.kernels.boundary is not None
+        self._hook = None
+        if self._phased:
+            views = {k: self._backend.view(self._arena, s, g.nodes[g.params[k]].type)
+                     for k, s in plan.gradients.items()}
+            any_slot = next(iter(plan.gradients.values()))
+            buckets = {dt: self._backend.view(
+                self._arena, replace(any_slot, offset=off, nbytes=nb),
+                TensorType(dt, (nb // TensorType(dt, ()).np_dtype.itemsize,)))
+                for dt, off, nb in plan.buckets}
+            offsets = {k: (s.offset - next(off for _, off, nb in plan.buckets
+                                           if off <= s.offset < off + nb)) //
+                       views[k].dtype.itemsize for k, s in plan.gradients.items()}
+            self._grads = Gradients(views, buckets, offsets)
         self._indices = [(k, bound, users) for k, (bound, users) in index_inputs(g).items()
                          if k in self._in and check_indices]
         user = [k for k in source.params]
@@ -258,10 +301,49 @@ class Program:
         np.copyto(stage[0], a, casting="unsafe")
         return stage
 
+    @property
+    def hook(self):
+        """The update hook, `hook(Gradients)`, called between the gradients and the update of
+        every step that applies the update (with accumulate=k, the k-th micro-step: the other
+        micro-steps only add to the accumulators and call no hook). Settable to another
+        callable or None (no hook: the two phases run back to back) on a program compiled
+        with hook=. A hook that raises leaves the step unapplied (params, optimizer state and
+        the step count unchanged) and the exception propagates."""
+        return self._hook
+
+    @hook.setter
+    def hook(self, fn):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"hook: expected a callable hook(gradients) or None, got "
+                            f"{type(fn).__name__}")
+        if fn is not None and not self._phased:
+            raise ValueError(f"hook: program {self.graph.name} was compiled without an update "
+                             f"boundary; compile it with hook= (and an optimizer)")
+        self._hook = fn
+
+    def applies_update(self, call=None) -> bool:
+        """True if the call-th step (default: the next) applies the update (always, unless the
+        optimizer accumulates: then its k-th micro-step)."""
+        opt = self.options.optimizer
+        call = self.calls if call is None else call
+        return opt is not None and call % opt.accumulate == opt.accumulate - 1
+
+    def _run(self):
+        if self._hook is None or not self.applies_update():
+            if self._phased:
+                self._driver(self._arena, self._persist, self._io, 0)
+            else:
+                self._driver(self._arena, self._persist, self._io)
+            return
+        self._driver(self._arena, self._persist, self._io, 1)
+        self._grads.step = self.calls // self.options.optimizer.accumulate + 1
+        self._hook(self._grads)
+        self._driver(self._arena, self._persist, self._io, 2)
+
     def step(self, **inputs) -> dict:
         fed = self._feed(inputs)
         self._before(fed)
-        self._driver(self._arena, self._persist, self._io)
+        self._run()
         return self._after(fed, None, ())
 
     def step_into(self, out: dict, /, **inputs) -> dict:
@@ -277,7 +359,7 @@ class Program:
         moved = []
         try:
             copied = self._redirect(out, read, moved)
-            self._driver(self._arena, self._persist, self._io)
+            self._run()
         finally:
             for p in moved:                      # the program's own buffers again
                 self._io[p] = self._default[p]
@@ -422,7 +504,7 @@ class Evaluator:
                              f"{', '.join(sorted(given)) or 'none'}; missing "
                              f"{', '.join(sorted(need))}")
         prog = self._prog
-        opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None,
+        opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None, boundary=False,
                        param_slots=prog._products.memory.params)
         return prog._compiler(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,
                               check_indices=prog.check_indices)

@@ -13,9 +13,9 @@ import pytest
 import jitgraph as jg
 import jitgraph.compiler
 from jitgraph import ops
-from jitgraph.models.generate import (ContextFull, Generator, Sampler, cache_names,
+from jitgraph.models.generate import (ContextFull, Generator, Sampler,
                                       llama_decoder)
-from jitgraph.models.llama import LlamaConfig, llama_forward, llama_inputs, read_llama
+from jitgraph.models.llama import LlamaConfig, llama_forward, llama_inputs
 from jitgraph.passes.memory_check import check_plan
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

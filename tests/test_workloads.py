@@ -1,5 +1,6 @@
-"""The transformer model (jitgraph/models/transformer.py), the bench workloads (jitgraph/cli/workloads.py)
-and the suite runner's bookkeeping (jitgraph/cli/bench.py), at tiny sizes under the interpreter."""
+"""The bench workloads (jitgraph/cli/workloads.py; the transformer ones are llama training steps,
+jitgraph/models/llama.py) and the suite runner's bookkeeping (jitgraph/cli/bench.py), at tiny sizes
+under the interpreter."""
 from __future__ import annotations
 
 import json
@@ -11,136 +12,52 @@ import pytest
 import jitgraph as jg
 from jitgraph.cli import bench
 from jitgraph.interp import check_feed
-from jitgraph.models.transformer import sample_inputs, transformer
-from jitgraph.testing import check_grad
-from jitgraph.types import ShapeError
 
 WL = bench.load_workloads()
-TINY = dict(d_model=8, n_heads=2, seq=4, batch=2, vocab=11)
 
 
-def _random_params(g, rng, std=0.4):
-    return {k: rng.normal(0, std, g.nodes[i].type.shape) for k, i in g.params.items()}
+# ---- the llama workloads (jitgraph/models/llama.py) -----------------------------------------------
+LLAMAS = ("transformer_block", "transformer_4l", "llama_train")
 
 
-# ---- transformer -------------------------------------------------------------------------------
-def test_transformer_types_and_llama_names():
-    g = transformer(2, **TINY).validate()
-    rows = TINY["batch"] * TINY["seq"]
-    assert g.nodes[g.outputs["loss"]].type == jg.TensorType("f32", ())
-    assert g.nodes[g.outputs["logits"]].type == jg.TensorType("f32", (rows, TINY["vocab"]))
-    layer = {f"layers.1.{n}.weight" for n in (
-        "attention_norm", "attention.wq", "attention.wk", "attention.wv", "attention.wo",
-        "ffn_norm", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")}
-    assert layer <= set(g.params)
-    assert {"tok_embeddings.weight", "norm.weight", "output.weight"} <= set(g.params)
-    assert len(g.params) == 3 + 2 * len(layer)
-    gelu = transformer(1, **TINY, act="gelu", norm="layer").validate()
-    assert "layers.0.feed_forward.w3.weight" not in gelu.params
+def test_llama_feeds_are_next_token_labels_and_positions():
+    f = WL.llama_tokens(11, 3, 5, np.random.default_rng(0))
+    np.testing.assert_array_equal(f["tokens"][:, 1:], f["labels"][:, :-1])
+    np.testing.assert_array_equal(f["pos"], np.arange(5))
+    assert f["tokens"].shape == f["labels"].shape == (3, 5) and f["tokens"].max() < 11
 
 
-def test_transformer_rejects_bad_configs():
-    with pytest.raises(ShapeError, match="even head_dim"):
-        transformer(1, d_model=12, n_heads=4)       # head_dim 3
-    with pytest.raises(ShapeError, match="act"):
-        transformer(1, d_model=8, n_heads=2, act="relu")
+@pytest.mark.parametrize("name", LLAMAS)
+def test_llama_workload_loss_is_the_reference_cross_entropy(name):
+    """The loss a workload's graph computes = the mean next-token cross-entropy of the float64
+    numpy llama (jitgraph/models/reference.py, written from llama.cpp's build_llama); with the
+    initial weights (std 0.02) it is ~log(vocab)."""
+    from jitgraph.models.llama import LlamaConfig
+    from jitgraph.models.reference import llama_logits
+    w = WL.WORKLOADS[name](scale=1 / 32)
+    g, f = w.graph, w.feeds
+    shape = lambda k: g.nodes[g.params[k]].type.shape      # noqa: E731
+    vocab, dim = shape("token_embd.weight")
+    layers = sum(k.endswith("attn_q.weight") for k in g.params)
+    cfg = LlamaConfig(vocab=vocab, dim=dim, layers=layers, heads=4,
+                      ff=shape("blk.0.ffn_gate.weight")[0])
 
+    def reference_loss(p):
+        ce = []
+        for toks, labs in zip(f["tokens"], f["labels"]):
+            z = llama_logits(cfg, p, list(toks))
+            z = z - z.max(-1, keepdims=True)
+            ce.extend(np.log(np.exp(z).sum(-1)) - z[np.arange(len(labs)), labs])
+        return np.mean(ce)
 
-def test_initial_loss_is_log_vocab():
-    """Small output weights: the logits are near uniform, so cross entropy ~ log(vocab)."""
-    g = transformer(2, d_model=16, n_heads=2, seq=6, batch=3, vocab=29)
-    loss = jg.interp.run(g, sample_inputs(g, np.random.default_rng(1)), g.init_params(0))["loss"]
-    assert abs(float(loss) - math.log(29)) < 0.05
-
-
-def test_next_token_labels_and_positions():
-    g = transformer(1, **TINY)
-    f = sample_inputs(g, np.random.default_rng(0))
-    tok = f["tokens"].reshape(TINY["batch"], TINY["seq"])
-    lab = f["labels"].reshape(TINY["batch"], TINY["seq"])
-    np.testing.assert_array_equal(tok[:, 1:], lab[:, :-1])
-    np.testing.assert_array_equal(f["pos"], np.arange(TINY["seq"]))
-    assert f["tokens"].max() < TINY["vocab"]
-
-
-def _oracle_loss(p, tokens, labels, pos, batch, seq, heads, eps=1e-6):
-    """The 1-layer SwiGLU llama written out with explicit loops (ggml rope mode 0)."""
-    def rms(x, w):
-        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-
-    def rope(t):                                     # t [B, S, H, hd]
-        out = t.copy()
-        hd = t.shape[-1]
-        for s in range(seq):
-            for i in range(hd // 2):
-                a = pos[s] * 10000.0 ** (-2.0 * i / hd)
-                x0, x1 = t[:, s, :, 2 * i], t[:, s, :, 2 * i + 1]
-                out[:, s, :, 2 * i] = x0 * math.cos(a) - x1 * math.sin(a)
-                out[:, s, :, 2 * i + 1] = x0 * math.sin(a) + x1 * math.cos(a)
-        return out
-
-    L = "layers.0."
-    h = p["tok_embeddings.weight"][tokens]
-    d = h.shape[1]
-    hd = d // heads
-    x = rms(h, p[L + "attention_norm.weight"])
-    q, k, v = ((x @ p[L + f"attention.{w}.weight"]).reshape(batch, seq, heads, hd)
-               for w in ("wq", "wk", "wv"))
-    q, k = rope(q), rope(k)
-    att = np.zeros_like(q)
-    for b in range(batch):
-        for hh in range(heads):
-            for i in range(seq):
-                s = np.array([q[b, i, hh] @ k[b, j, hh] / math.sqrt(hd) for j in range(i + 1)])
-                w = np.exp(s - s.max())
-                att[b, i, hh] = sum(w[j] / w.sum() * v[b, j, hh] for j in range(i + 1))
-    h = h + att.reshape(batch * seq, d) @ p[L + "attention.wo.weight"]
-    x = rms(h, p[L + "ffn_norm.weight"])
-    a = x @ p[L + "feed_forward.w1.weight"]
-    h = h + (a / (1 + np.exp(-a)) * (x @ p[L + "feed_forward.w3.weight"])) \
-        @ p[L + "feed_forward.w2.weight"]
-    logits = rms(h, p["norm.weight"]) @ p["output.weight"]
-    lse = np.log(np.exp(logits).sum(-1))
-    return np.mean(lse - logits[np.arange(len(labels)), labels])
-
-
-def test_transformer_matches_explicit_loops():
-    g = transformer(1, **TINY, dtype="f64")
-    rng = np.random.default_rng(3)
-    f, p = sample_inputs(g, rng), _random_params(g, rng)
-    f["pos"] = np.array([0, 3, 1, 7], np.int32)      # rope must use the given positions
-    want = _oracle_loss(p, f["tokens"], f["labels"], f["pos"], TINY["batch"], TINY["seq"], 2)
-    got = jg.interp.run(g, f, p)["loss"]
-    np.testing.assert_allclose(got, want, rtol=1e-10)
-
-
-def test_causal():
-    """Changing the last token of a sequence changes no logit of the positions before it."""
-    g = transformer(1, **TINY, dtype="f64")
-    rng = np.random.default_rng(4)
-    f, p = sample_inputs(g, rng), _random_params(g, rng)
-    before = jg.interp.run(g, f, p)["logits"]
-    last = TINY["seq"] - 1                            # last position of the first sequence
-    f["tokens"][last] = (f["tokens"][last] + 1) % TINY["vocab"]
-    after = jg.interp.run(g, f, p)["logits"]
-    np.testing.assert_array_equal(after[:last], before[:last])
-    assert not np.allclose(after[last], before[last])
-
-
-@pytest.mark.parametrize("norm,act", [("rms", "silu"), ("layer", "gelu")])
-def test_transformer_grad(norm, act):
-    g = transformer(1, **TINY, norm=norm, act=act)
-    rng = np.random.default_rng(5)
-    check_grad(g, sample_inputs(g, rng), _random_params(g, rng), loss="loss", max_elements=12,
-               rtol=1e-5, atol=1e-8)
-
-
-def test_block_grad_without_vocab():
-    """vocab=None: float input x and an mse head; gradients w.r.t. params and x."""
-    g = transformer(1, d_model=8, n_heads=2, seq=3, batch=2)
-    rng = np.random.default_rng(6)
-    check_grad(g, sample_inputs(g, rng), _random_params(g, rng), loss="loss", wrt_inputs=("x",),
-               max_elements=12, rtol=1e-5, atol=1e-8)
+    params = g.init_params(0)
+    loss = float(jg.interp.run(g, f, params)["loss"])
+    np.testing.assert_allclose(loss, reference_loss(params), rtol=1e-4)
+    assert abs(loss - math.log(vocab)) < 0.05
+    rng = np.random.default_rng(1)
+    noisy = {k: v + rng.normal(0, 0.3, v.shape).astype(np.float32) for k, v in params.items()}
+    np.testing.assert_allclose(jg.interp.run(g, f, noisy)["loss"], reference_loss(noisy),
+                               rtol=1e-4)
 
 
 # ---- workloads ---------------------------------------------------------------------------------
@@ -175,7 +92,16 @@ def test_workload_sizes_at_scale_one():
     assert shape(WL.gemm_bias_gelu(), "w") == (1024, 1024)
     assert shape(WL.mnist_mlp_b1000(), "x") == (1000, 784)
     assert shape(WL.mnist_cnn_b100(), "x") == (100, 784)
-    assert shape(WL.transformer_block(), "x") == (8, 128, 256)
+    assert shape(WL.transformer_block(), "tokens") == (8, 128)
+    assert shape(WL.transformer_block(), "blk.0.ffn_gate.weight") == (1024, 256)
+    assert shape(WL.transformer_block(), "token_embd.weight") == (256, 256)
+    assert shape(WL.transformer_4l(), "blk.3.ffn_down.weight") == (256, 1024)
+    assert shape(WL.transformer_4l(), "output.weight") == (512, 256)
+    llama = WL.llama_train()        # issue 17: byte vocab, width 128, 4 layers, ff 352, 16 x 128
+    assert shape(llama, "tokens") == shape(llama, "labels") == (16, 128)
+    assert shape(llama, "token_embd.weight") == shape(llama, "output.weight") == (256, 128)
+    assert shape(llama, "blk.3.ffn_up.weight") == (352, 128) and "blk.4.attn_q.weight" not in \
+        llama.graph.params
     assert sum(k.endswith(".weight") for k in WL.deep_mlp().graph.params) == 17
     assert shape(WL.deep_mlp(), "fc0.weight") == (1024, 1024)
 

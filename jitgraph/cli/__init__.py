@@ -157,6 +157,7 @@ class _Run:
     """What an interrupt message reports: the last checkpoint this run wrote."""
     checkpoint = None
     epoch = None
+    unit = "epoch"         # what `epoch` counts ("step" for the llama commands)
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -198,6 +199,19 @@ def _check_meta(path, meta):
 
 
 def _train(args):
+    """`train`; under `mpiexec -n N` data-parallel (jitgraph/distributed.py): --batch-size is
+    the global batch, rank 0 prints and writes files, a rank's error aborts the job."""
+    from ..distributed import world as mpi_world
+    world = mpi_world()
+    if world is None:
+        return _train_ranks(args, None)
+    if not world.is_root:
+        args.quiet, args.json = True, False
+    with world.abort_on_error():
+        return _train_ranks(args, world)
+
+
+def _train_ranks(args, world):
     import numpy as np
     from .. import compile as jg_compile, optim
     from ..formats.gguf import check_writable, load_checkpoint, save_checkpoint, save_model
@@ -252,16 +266,21 @@ def _train(args):
         _warn(args, f"--resume {args.resume} is at epoch {meta['epoch']}, --epochs is "
                     f"{args.epochs}: nothing left to train")
 
-    graph = MODELS[args.model](args.batch_size)
+    graph = MODELS[args.model](args.batch_size if world is None else
+                               world.local_batch(args.batch_size))
     acc = lb // args.batch_size
     opt = optim.AdamW(lr=args.lr, accumulate=acc)
     t0 = time.perf_counter()
-    with _compile_progress(args, args.model):
+
+    def build():
         prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
-                          plan_memory=not args.no_plan, seed=args.seed)
-        trainer = Trainer(prog, train_ds, batch_size=args.batch_size,
-                          logical_batch=args.logical_batch, val_split=args.val_split,
-                          seed=args.seed)
+                          plan_memory=not args.no_plan, seed=args.seed,
+                          hook=None if world is None else world.hook)
+        return prog, Trainer(prog, train_ds, batch_size=args.batch_size,
+                             logical_batch=args.logical_batch, val_split=args.val_split,
+                             seed=args.seed, world=world)
+    with _compile_progress(args, args.model):
+        prog, trainer = build() if world is None else world.first(build)
     compile_s = time.perf_counter() - t0      # training program and its evaluator
     if meta is not None:
         for k, v in params.items():
@@ -275,6 +294,9 @@ def _train(args):
                f"{f', logical batch {lb}' if lb != args.batch_size else ''}, "
                f"{trainer.n_train} samples train and {len(train_ds) - trainer.n_train} validate "
                f"each epoch; compiled in {compile_s:.2f} s")
+    if world is not None:
+        _say(args, f"data parallel: {world.size} MPI ranks, {args.batch_size // world.size} "
+                   f"samples of each batch and {world.threads} thread(s) per rank")
     progress = None if not args.quiet else False
     epoch_seconds, last = [], None
     while trainer.epoch < args.epochs:
@@ -282,7 +304,7 @@ def _train(args):
         epoch_seconds.append(last.seconds)
         _say(args, f"epoch {last.epoch}/{args.epochs}: train {last.train}  val {last.val}  "
                    f"({last.seconds:.2f} s)")
-        if args.checkpoint:
+        if args.checkpoint and (world is None or world.is_root):
             meta_out = {"args": {k: getattr(args, k) for k in RESUMED},
                         "calls": prog.calls, "epoch": trainer.epoch,
                         "rng": trainer.rng.bit_generator.state,
@@ -290,9 +312,9 @@ def _train(args):
             save_checkpoint(args.checkpoint, args.model, dict(prog.params), dict(prog.state),
                             meta_out, data=_data_kind(args))
             _Run.checkpoint, _Run.epoch = args.checkpoint, trainer.epoch
-    test = evaluate(trainer.evaluator, test_ds, args.batch_size, progress)
+    test = evaluate(trainer.evaluator, test_ds, args.batch_size, progress, world=world)
     _say(args, f"test ({test.ndata} samples): {test}")
-    if args.out:
+    if args.out and (world is None or world.is_root):
         save_model(args.out, args.model, dict(prog.params), data=_data_kind(args))
         _say(args, f"saved {args.out}")
     if args.json:
@@ -304,7 +326,9 @@ def _train(args):
             "epochs": trainer.epoch, "epoch_seconds": epoch_seconds,
             "compile_seconds": compile_s,
             "samples_per_second": n_train / sum(epoch_seconds) if epoch_seconds else None,
-            "data": _data_kind(args), "n_test": test.ndata}))
+            "data": _data_kind(args), "n_test": test.ndata,
+            **({} if world is None else {"mpi_ranks": world.size,
+                                         "allreduce_seconds": world.seconds["allreduce"]})}))
     return 0
 
 
@@ -351,12 +375,14 @@ def _perplexity(args):
         raise ValueError("--text FILE is required: the text to score (e.g. "
                          "../shared/data/text/tinyshakespeare.txt)")
     _check_model_file(args.text, "--text")
+    lora = _read_lora(args, model[0])
     text = split_text(args.text, args.split)
     _say(args, f"{args.model_file}: {model[0].layers} layers, width {model[0].dim}; text "
                f"{args.text} ({args.split}: {len(text.encode())} bytes), n_ctx {args.ctx}")
     bar = None if args.quiet or not sys.stderr.isatty() else _tqdm_bar("perplexity")
     res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
-                     progress=None if bar is None else bar)
+                     progress=None if bar is None else bar, lora=lora,
+                     lora_scale=args.lora_scale)
     if bar is not None:
         bar.close()
     _say(args, res)
@@ -384,10 +410,11 @@ def _generate(args):
                          f"(llama.context_length)")
     prompt_ids = tok.encode(args.prompt, bos=tok.add_bos)
     check_context(len(prompt_ids), args.n_predict, ctx)   # before compiling anything
+    lora = _read_lora(args, cfg)
     sampler = Sampler(args.temp, args.top_k, args.top_p, args.seed)
     with _compile_progress(args, "generate"):
         gen = Generator((cfg, params, tok), ctx=ctx, chunk=args.chunk,
-                        kv_f16=not args.no_kv_f16)
+                        kv_f16=not args.no_kv_f16, lora=lora, lora_scale=args.lora_scale)
     out = sys.stdout
 
     def write(text):
@@ -415,6 +442,41 @@ def _generate(args):
     return 0
 
 
+def _read_lora(args, cfg):
+    """(adapter params, alpha) of --lora, checked against the base model's config; None without
+    --lora (then --lora-scale is an error)."""
+    if args.lora is None:
+        if args.lora_scale != 1.0:
+            raise ValueError("--lora-scale needs --lora ADAPTER.gguf")
+        return None
+    from ..models.lora import read_adapter
+    _check_model_file(args.lora, "--lora")
+    params, alpha = read_adapter(args.lora, cfg)
+    n = len(params) // 2
+    _say(args, f"--lora {args.lora}: {n} adapted weights, rank "
+               f"{sorted({a.shape[0] for k, a in params.items() if k.endswith('.lora_a')})}, "
+               f"alpha {alpha:g}, scale {args.lora_scale:g} (unmerged)")
+    return params, alpha
+
+
+def _export(args):
+    from ..formats.gguf import check_writable
+    from ..models.llama import read_llama, write_llama
+    from ..models.lora import merge
+    _check_model_file(args.model_file, "model")
+    if os.path.abspath(args.out) in (os.path.abspath(args.model_file), os.path.abspath(args.lora)):
+        raise ValueError(f"--out {args.out} names an input file; give a new file name")
+    check_writable(args.out, "--out")
+    cfg, params, tok = read_llama(args.model_file)
+    adapter, alpha = _read_lora(args, cfg)
+    merged = merge(params, adapter, alpha, args.lora_scale)
+    write_llama(args.out, cfg, merged, tok, ftype=args.ftype,
+                name=f"{os.path.basename(args.model_file)} + {os.path.basename(args.lora)}")
+    _say(args, f"saved {args.out}: {args.model_file} with {args.lora} merged (scale "
+               f"{args.lora_scale:g}, {args.ftype})")
+    return 0
+
+
 class _tqdm_bar:
     """progress(chunks_done, n_chunks, running_ppl) as a tqdm bar on the terminal."""
 
@@ -433,10 +495,22 @@ class _tqdm_bar:
             self.bar.close()
 
 
+def _lora_options(p, required=False):
+    p.add_argument("--lora", metavar="ADAPTER.gguf", required=required,
+                   help="a llama.cpp LoRA adapter for this base model" +
+                        ("" if required else ", applied unmerged at load; default: none"))
+    p.add_argument("--lora-scale", type=_float_in(-math.inf, what="a finite number"),
+                   default=1.0, metavar="S",
+                   help="the adapter's scale, as llama.cpp's --lora-scaled (0: the base model)")
+
+
 def _dump(args):
     from .. import compile as jg_compile, optim
     from ..models import MODELS
-    graph = MODELS[args.model](args.batch_size)
+    if args.model == "llama":
+        from .llama_train import dump_llama
+        return dump_llama(args)
+    graph = MODELS[args.model](args.batch_size or 100)
     if args.stage == "graph":
         print(graph)
         return 0
@@ -463,6 +537,14 @@ def _common_data(p):
                    help="no progress bars, no per-epoch or summary lines")
 
 
+def add_compile_flags(p):
+    """--no-fuse and --no-plan, the compiler switches every compiling command offers."""
+    p.add_argument("--no-fuse", action="store_true",
+                   help="compile without kernel fusion (slower; for comparison)")
+    p.add_argument("--no-plan", action="store_true",
+                   help="one buffer per value, no memory planning (for comparison)")
+
+
 def parser():
     from ..models import MODELS
     models = sorted(MODELS)
@@ -479,8 +561,13 @@ def parser():
                               formatter_class=_HelpFormatter, allow_abbrev=False,
                               epilog=p.epilog)
 
-    t = command("train", "train an MNIST model with compiled kernels")
-    t.add_argument("model", choices=models, help=f"the model: {', '.join(models)}")
+    from .llama_train import add_dump_options, add_finetune, add_train_llama
+    tr = command("train", "train a model with compiled kernels: an MNIST model, or a llama on "
+                          "text")
+    ts = tr.add_subparsers(dest="model", required=True, metavar="MODEL",
+                           help=f"{', '.join(models)} (MNIST digits) or llama (a language model "
+                                f"on text); `jitgraph train MODEL --help` lists its options")
+    t = argparse.ArgumentParser(add_help=False)     # the MNIST models' options
     _common_data(t)
     t.add_argument("--epochs", type=_int_at_least(1), default=2, metavar="N",
                    help="epochs in all (with --resume: counting the checkpoint's)")
@@ -501,11 +588,16 @@ def parser():
                    help="continue a checkpointed run bit for bit, with the checkpoint's training "
                         "options (batch sizes, --lr, --val-split, --seed, data); default: start "
                         "afresh")
-    t.add_argument("--no-fuse", action="store_true",
-                   help="compile without kernel fusion (slower; for comparison)")
-    t.add_argument("--no-plan", action="store_true",
-                   help="one buffer per value, no memory planning (for comparison)")
-    t.set_defaults(fn=_train, parser=t)
+    add_compile_flags(t)
+    for m in models:
+        h = f"train the MNIST model {m} with compiled kernels"
+        mp = ts.add_parser(m, parents=[t], help=h, description=h[0].upper() + h[1:] + ".",
+                           formatter_class=_HelpFormatter, allow_abbrev=False, epilog=p.epilog)
+        mp.set_defaults(fn=_train, parser=mp)
+    h = "train a llama language model from scratch on a text, with compiled kernels"
+    add_train_llama(ts.add_parser("llama", help=h, description=h[0].upper() + h[1:] + ".",
+                                  formatter_class=_HelpFormatter, allow_abbrev=False,
+                                  epilog=p.epilog))
 
     e = command("eval", "evaluate a GGUF model on the test set")
     e.add_argument("model_file", metavar="MODEL.gguf",
@@ -517,13 +609,14 @@ def parser():
     e.set_defaults(fn=_eval, parser=e)
 
     d = command("dump", "print a model's IR after a compiler stage")
-    d.add_argument("model", choices=models, help=f"the model: {', '.join(models)}")
+    d.add_argument("model", choices=models + ["llama"],
+                   help=f"the model: {', '.join(models)}, llama")
     d.add_argument("--stage", choices=STAGES, default="kernels",
                    help=f"the stage: {', '.join(STAGES)}")
-    d.add_argument("--batch-size", type=_int_at_least(1), default=100, metavar="B",
-                   help="samples per step")
-    d.add_argument("--no-fuse", action="store_true", help="compile without kernel fusion")
-    d.add_argument("--no-plan", action="store_true", help="one buffer per value")
+    d.add_argument("--batch-size", type=_int_at_least(1), default=None, metavar="B",
+                   help="samples per step (default: 100; llama: 16 windows of 128 tokens)")
+    add_dump_options(d)
+    add_compile_flags(d)
     d.add_argument("--quiet", action="store_true", help="no compile progress bar")
     d.set_defaults(fn=_dump, parser=d)
 
@@ -544,6 +637,7 @@ def parser():
                         "llama.cpp's F16 KV cache does (slower)")
     q.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     q.add_argument("--quiet", action="store_true", help="print only the JSON / the result")
+    _lora_options(q)
     q.set_defaults(fn=_perplexity, parser=q)
 
     n = command("generate", "generate text with a llama GGUF model: one compiled decode "
@@ -580,7 +674,21 @@ def parser():
                    help="print one JSON object as the last line (tokens/s, timings, the text)")
     n.add_argument("--quiet", action="store_true",
                    help="no streamed text and no summary line: only the JSON")
+    _lora_options(n)
     n.set_defaults(fn=_generate, parser=n)
+
+    x = command("export", "merge a LoRA adapter into a llama GGUF model, as llama.cpp's "
+                          "export-lora does")
+    x.add_argument("model_file", metavar="BASE.gguf", help="the base llama model")
+    _lora_options(x, required=True)
+    x.add_argument("--out", required=True, metavar="MERGED.gguf", help="the merged model to write")
+    x.add_argument("--ftype", choices=("f32", "f16", "q8_0"), default="f32",
+                   help="storage of the merged 2-D weights")
+    x.add_argument("--quiet", action="store_true", help="no summary line")
+    x.set_defaults(fn=_export, parser=x)
+
+    add_finetune(command("finetune", "finetune a llama GGUF model on a text: LoRA adapters on "
+                                     "the frozen model, or every weight"))
 
     sub.add_parser("bench", help="fused against unfused benchmark suite (see `jitgraph bench "
                                  "--help`)", add_help=False)
@@ -588,7 +696,7 @@ def parser():
 
 
 def _interrupted(cmd, how, code):
-    where = (f"; last checkpoint: {_Run.checkpoint} (epoch {_Run.epoch}), continue with "
+    where = (f"; last checkpoint: {_Run.checkpoint} ({_Run.unit} {_Run.epoch}), continue with "
              f"--resume {_Run.checkpoint}" if _Run.checkpoint else "")
     start = "\n" if sys.stderr.isatty() else ""       # off the line of a progress bar or ^C
     print(f"{start}jitgraph {cmd}: {how}{where}", file=sys.stderr, flush=True)
@@ -603,6 +711,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     cmd = argv[0] if argv and not argv[0].startswith("-") else "jitgraph"
     _Run.checkpoint = _Run.epoch = None
+    _Run.unit = "epoch"
     old_handler = None
     with contextlib.suppress(ValueError):       # (only the main thread can set handlers)
         old_handler = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -614,8 +723,8 @@ def main(argv=None) -> int:
                 return bench_main(argv[1:])
             p = parser()
             args = p.parse_args(argv)
-            if args.cmd == "train" and args.resume:
-                args.given = _given(args.parser, argv[1:])
+            if args.cmd in ("train", "finetune") and args.resume:   # train MODEL: its own parser
+                args.given = _given(args.parser, argv[2:] if args.cmd == "train" else argv[1:])
             try:
                 return args.fn(args)
             except BrokenPipeError:             # `jitgraph dump ... | head`: not an error

@@ -1,4 +1,9 @@
-"""The training loop, in the spirit of ggml_opt: fit, evaluate, results with uncertainties."""
+"""The training loop, in the spirit of ggml_opt: fit, evaluate, results with uncertainties.
+
+Under MPI (`world`: a jitgraph.distributed.World) batch sizes are global: every rank walks the
+same global order and runs its slice of each batch (`World.shard`; a last, partial evaluation
+batch is split as evenly as it goes), and the figures of an epoch are merged across the ranks
+(`merge`) so every rank reports what one process would have."""
 from __future__ import annotations
 
 import dataclasses
@@ -78,27 +83,59 @@ def _bar(total, desc, progress):
                 dynamic_ncols=True, file=sys.stderr)
 
 
-def run_epoch(fn, ds, idx, batch_size, result, bar=None, partial=False):
+def run_epoch(fn, ds, idx, batch_size, result, bar=None, partial=False, world=None, after=None):
     """Run `fn(feeds) -> outputs` over the samples `idx` of `ds` in fixed-size batches. The
     samples that do not fill a last batch are left out (training), or with `partial` scored too:
-    padded to a whole batch by repeating them, the padding masked out (see _score_partial)."""
+    padded to a whole batch by repeating them, the padding masked out (see _score_partial).
+    `world` (MPI): `batch_size` is the global batch and `fn` runs this rank's slice of each;
+    a rank with no sample of the last, partial batch records an empty entry. `after()` runs
+    after each batch."""
     full = len(idx) - len(idx) % batch_size
+    local = batch_size if world is None else world.local_batch(batch_size)
     for s in range(0, full, batch_size):
         b = idx[s:s + batch_size]
+        if world is not None:
+            b = world.shard(b)
         out = fn(_feeds(ds.x[b], ds.y[b]))
-        result.add(out["loss"], batch_size, out.get("correct"))
+        result.add(out["loss"], local, out.get("correct"))
+        if after is not None:
+            after()
         if bar is not None:
             bar.update(batch_size)
             bar.set_postfix_str(str(result), refresh=False)
     if partial and full < len(idx):
-        b = idx[full:]
-        padded = np.resize(b, batch_size)
-        out = fn(_feeds(ds.x[padded], ds.y[padded]))
-        result.add(*_score_partial(out, ds.y[b]))
+        rest = idx[full:]
+        b = rest if world is None else world.split(rest)
+        if len(b):
+            padded = np.resize(b, local)
+            out = fn(_feeds(ds.x[padded], ds.y[padded]))
+            result.add(*_score_partial(out, ds.y[b]))
+        else:
+            result.add(0.0, 0, 0)
         if bar is not None:
-            bar.update(len(b))
+            bar.update(len(rest))
             bar.set_postfix_str(str(result), refresh=False)
     return result
+
+
+def merge(result, world) -> Result:
+    """The Result of all ranks together (MPI): batch j's loss is the mean of the ranks' losses
+    of batch j weighted by their samples, its samples and hits the sums. Without `world`, the
+    result itself."""
+    if world is None:
+        return result
+    parts = world.allgather((result.losses, result.sizes, result.ncorrect), "merging figures")
+    out = Result()
+    n = max(len(p[0]) for p in parts)
+    for j in range(n):
+        got = [(p[0][j], p[1][j]) for p in parts if j < len(p[0])]
+        size = sum(z for _, z in got)
+        if size:
+            out.losses.append(float(sum(loss * z for loss, z in got) / size))
+            out.sizes.append(size)
+            out.ndata += size
+    out.ncorrect = -1 if any(p[2] < 0 for p in parts) else sum(p[2] for p in parts)
+    return out
 
 
 def _score_partial(out, y):
@@ -166,8 +203,12 @@ class Trainer:
     """State of a `fit` run that can be checkpointed: the program, the epoch, the data RNG."""
 
     def __init__(self, program, dataset, *, batch_size, logical_batch=None, val_split=0.0,
-                 seed=0):
+                 seed=0, world=None):
+        """`batch_size`, `logical_batch`: global sizes; `program` runs this rank's slice of a
+        batch when `world` (jitgraph.distributed.World) is given (compile it with
+        hook=world.hook), the whole batch otherwise."""
         n = len(dataset)
+        self.world = world
         lb = logical_batch or batch_size
         self.n_train = train_samples(n, batch_size, lb, val_split)
         self.program, self.dataset = program, dataset
@@ -176,7 +217,8 @@ class Trainer:
         self.order = self.rng.permutation(n) if lb < n else np.arange(n)
         self.epoch = 0
         self.evaluator = program.evaluator()
-        first = self.order[:batch_size]     # compile the evaluator now, not inside epoch timing
+        first = self.order[:batch_size if world is None else world.local_batch(batch_size)]
+        # compile the evaluator now, not inside epoch timing
         self.evaluator.run(**_feeds(dataset.x[first], dataset.y[first]))
 
     def run_one_epoch(self, progress=None) -> EpochLog:
@@ -186,16 +228,20 @@ class Trainer:
             train_idx = train_idx[self.rng.permutation(self.n_train)]
             self.order[:self.n_train] = train_idx
         tr, va = Result(), Result()
+        w = self.world
+        check = None if w is None or not w.check_every else \
+            (lambda: w.maybe_check(self.program))
         with _bar(len(train_idx), f"epoch {self.epoch + 1} train", progress) as bar:
             run_epoch(lambda f: self.program.step(**f), self.dataset, train_idx,
-                      self.batch_size, tr, bar)
+                      self.batch_size, tr, bar, world=w, after=check)
         val_idx = self.order[self.n_train:]
         if len(val_idx):                  # every validation sample, a last partial batch too
             if len(val_idx) % self.batch_size:
                 check_partial_scoring(self.evaluator)
             with _bar(len(val_idx), f"epoch {self.epoch + 1} val", progress) as bar:
                 run_epoch(lambda f: self.evaluator.run(**f), self.dataset, val_idx,
-                          self.batch_size, va, bar, partial=True)
+                          self.batch_size, va, bar, partial=True, world=w)
+        tr, va = merge(tr, w), merge(va, w)
         self.epoch += 1
         return EpochLog(self.epoch, tr, va, time.perf_counter() - t0)
 
@@ -235,13 +281,14 @@ def fit(model, dataset, *, epochs=1, batch_size=None, logical_batch=None, val_sp
     return logs
 
 
-def evaluate(program, dataset, batch_size, progress=None) -> Result:
+def evaluate(program, dataset, batch_size, progress=None, world=None) -> Result:
     """Forward-only pass over every sample of `dataset`. `program` is anything with
     `run(**inputs)` compiled for `batch_size` samples: a forward program or a training program's
     evaluator(). Samples that do not fill a last batch (or a data set smaller than one batch)
     run padded to a whole batch, the padding masked out: their loss and hits are computed from
     their rows of the `logits` output, so the graph's loss must be cross_entropy(logits, y).
-    An empty data set is a ValueError."""
+    An empty data set is a ValueError. With `world` (MPI) `batch_size` is the global batch,
+    `program` runs this rank's slice, and the result is every rank's together."""
     n = len(dataset)
     if n == 0:
         raise ValueError("evaluate: the data set is empty; there is nothing to evaluate")
@@ -253,5 +300,5 @@ def evaluate(program, dataset, batch_size, progress=None) -> Result:
     res = Result()
     with _bar(n, "eval", progress) as bar:
         run_epoch(lambda f: ev.run(**f), dataset, np.arange(n), batch_size, res, bar,
-                  partial=True)
-    return res
+                  partial=True, world=world)
+    return merge(res, world)

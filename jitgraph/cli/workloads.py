@@ -1,4 +1,4 @@
-"""The benchmark workloads of issues 5 (fusion) and 8 (checkpointing).
+"""The benchmark workloads of issues 5 (fusion), 8 (checkpointing) and 17 (llama training).
 
 `WORKLOADS[name](scale=1.0, seed=0)` returns a Workload (graph, feeds, loss, optimizer): compile
 it with `jg.compile(w.graph, loss=w.loss, optimizer=w.optimizer, ...)` and time
@@ -23,11 +23,12 @@ import numpy as np
 
 import jitgraph as jg
 from jitgraph import init, ops
-from jitgraph.models import mnist, transformer as tf
+from jitgraph.models import mnist
+from jitgraph.models.llama import LlamaConfig, llama_forward
 
 FUSION = ("ew_chain", "ew_chain_math", "ew_chain_exp", "ew_chain_act", "softmax", "softmax_op",
           "layer_norm", "layer_norm_op", "gemm_bias_gelu", "mnist_mlp_b100", "mnist_mlp_b1000", "mnist_cnn_b100",
-          "transformer_block")
+          "transformer_block", "llama_train")
 CHECKPOINT = ("deep_mlp", "transformer_4l")
 SAFETY = ("mnist_mlp_b100", "mnist_mlp_b1000", "mnist_cnn_b100")   # jitgraph bench --safety
 
@@ -176,21 +177,44 @@ def mnist_cnn_b100(scale=1.0, seed=0):
     return _mnist(mnist.mnist_cnn, 100, scale, seed)
 
 
-def _transformer(n_layers, vocab, scale, seed, name):
-    heads = 4
-    g = tf.transformer(n_layers, d_model=_dim(256, scale, 2 * heads), n_heads=heads,
-                       seq=_dim(128, scale), batch=_dim(8, scale), vocab=vocab, name=name)
-    return Workload(g, tf.sample_inputs(g, np.random.default_rng(seed)), "loss", _adamw())
+def llama_tokens(vocab, batch, seq, rng):
+    """Feeds for a llama_forward(labels=True) graph: random token rows, labels = the next token
+    of each position, pos = 0..seq-1."""
+    text = rng.integers(0, vocab, (batch, seq + 1), dtype=np.int32)
+    return {"tokens": text[:, :-1].copy(), "labels": text[:, 1:].copy(),
+            "pos": np.arange(seq, dtype=np.int32)}
+
+
+def _llama(name, scale, seed, *, layers, dim, heads, ff, vocab, seq, batch):
+    """A llama training step (jitgraph/models/llama.py) at `scale`: width, ff, seq and batch
+    scale (width stays a multiple of 2 * heads: rope rotates pairs), the vocabulary does not."""
+    seq = _dim(seq, scale)
+    cfg = LlamaConfig(vocab=vocab, dim=_dim(dim, scale, 2 * heads), layers=layers, heads=heads,
+                      ff=_dim(ff, scale), ctx=seq)
+    batch = _dim(batch, scale)
+    g = llama_forward(cfg, batch, seq, labels=True, name=name)
+    return Workload(g, llama_tokens(vocab, batch, seq, np.random.default_rng(seed)), "loss",
+                    _adamw())
 
 
 def transformer_block(scale=1.0, seed=0):
-    """One llama block (d_model 256, 4 heads, seq 128, batch 8, SwiGLU), mse head."""
-    return _transformer(1, None, scale, seed, "transformer_block")
+    """One llama block (width 256, 4 heads, ff 1024 SwiGLU, seq 128, batch 8) with a byte
+    vocabulary (256) in and out."""
+    return _llama("transformer_block", scale, seed, layers=1, dim=256, heads=4, ff=1024,
+                  vocab=256, seq=128, batch=8)
 
 
 def transformer_4l(scale=1.0, seed=0):
-    """A 4-layer baby-llama (the block above, vocabulary 512) for the checkpointing curve."""
-    return _transformer(4, _dim(512, scale), scale, seed, "transformer_4l")
+    """Four such blocks with a vocabulary of 512, for the checkpointing curve."""
+    return _llama("transformer_4l", scale, seed, layers=4, dim=256, heads=4, ff=1024,
+                  vocab=512, seq=128, batch=8)
+
+
+def llama_train(scale=1.0, seed=0):
+    """Issue 17's training-from-scratch shape: byte vocabulary, width 128, 4 layers, 4 heads,
+    ff 352, context 128, batch 16 (bench/llama_peers.py runs it on text against PyTorch)."""
+    return _llama("llama_train", scale, seed, layers=4, dim=128, heads=4, ff=352, vocab=256,
+                  seq=128, batch=16)
 
 
 def deep_mlp(scale=1.0, seed=0, layers=16):
@@ -210,4 +234,5 @@ def deep_mlp(scale=1.0, seed=0, layers=16):
 WORKLOADS = {f.__name__: f for f in (
     ew_chain, ew_chain_math, ew_chain_exp, ew_chain_act, softmax, softmax_op, layer_norm,
     layer_norm_op, gemm_bias_gelu,
-    mnist_mlp_b100, mnist_mlp_b1000, mnist_cnn_b100, transformer_block, deep_mlp, transformer_4l)}
+    mnist_mlp_b100, mnist_mlp_b1000, mnist_cnn_b100, transformer_block, llama_train, deep_mlp,
+    transformer_4l)}

@@ -213,13 +213,17 @@ class Generator:
     keeps stories260K's GEMMs under OpenBLAS's threading threshold (m n k < 2^18), where waking
     its threads for 32-row GEMMs made a prompt chunk 20x slower on the 2-core machine.
     kv_f16: llama.cpp's F16 KV cache rounding (see llama_forward). warmup: run each program
-    once at construction (first calls are slow), leaving the cache empty."""
+    once at construction (first calls are slow), leaving the cache empty. lora: a LoRA adapter
+    applied unmerged (its GGUF path or (adapter params, alpha), jitgraph.models.lora), scaled
+    by lora_scale as llama.cpp's --lora-scaled does."""
 
     def __init__(self, model, ctx: int | None = None, chunk: int = 16, kv_f16: bool = True,
-                 warmup: bool = True):
+                 warmup: bool = True, lora=None, lora_scale: float = 1.0):
         from ..compiler import compile as jg_compile
+        from .perplexity import load_lora, with_lora
         self.config, params, self.tokenizer = _load(model)
         cfg = self.config
+        adapter = load_lora(cfg, lora, lora_scale)
         ctx = min(512, cfg.ctx) if ctx is None else int(ctx)
         if not 1 <= ctx <= cfg.ctx:
             raise ValueError(f"generate: ctx {ctx} must be in [1, {cfg.ctx}] (the model's "
@@ -231,12 +235,12 @@ class Generator:
         t0 = time.perf_counter()
         # feed() checks token ids and positions itself (scalars, cheaper than the programs'
         # per-step index checks)
-        self.decode = jg_compile(llama_decoder(cfg, 1, ctx, kv_f16), copy_outputs=False,
-                                 check_indices=False)
-        for k, v in params.items():
+        self.decode = jg_compile(with_lora(llama_decoder(cfg, 1, ctx, kv_f16), adapter),
+                                 copy_outputs=False, check_indices=False)
+        for k, v in {**params, **(adapter[0] if adapter else {})}.items():
             self.decode.params[k] = v
         self.prefill = None if self.chunk == 1 else \
-            jg_compile(llama_decoder(cfg, self.chunk, ctx, kv_f16, last=True),
+            jg_compile(with_lora(llama_decoder(cfg, self.chunk, ctx, kv_f16, last=True), adapter),
                        copy_outputs=False, check_indices=False, share=self.decode)
         self.compile_seconds = time.perf_counter() - t0
         self._tok1 = np.zeros((1, 1), np.int32)

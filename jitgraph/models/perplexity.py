@@ -133,8 +133,38 @@ def _load(model):
                     "read_llama returns")
 
 
+def load_lora(cfg, lora, scale: float = 1.0):
+    """(adapter params, alpha, scale) for `lora`: None, an adapter GGUF path (read_adapter, checked
+    against cfg), or (adapter params, alpha) as read_adapter returns."""
+    from .lora import adapter_pairs, read_adapter
+    if lora is None:
+        return None
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"lora scale must be finite, got {scale}")
+    if isinstance(lora, (str, bytes, os.PathLike)):
+        params, alpha = read_adapter(lora, cfg)
+    elif isinstance(lora, (tuple, list)) and len(lora) == 2 and isinstance(lora[0], dict):
+        params, alpha = dict(lora[0]), float(lora[1])
+        adapter_pairs(cfg, params, "lora")
+    else:
+        raise TypeError("lora: expected an adapter GGUF path or (adapter params, alpha) as "
+                        "read_adapter returns")
+    return params, alpha, scale
+
+
+def with_lora(graph, adapter):
+    """`graph` with the adapter (load_lora's triple, or None) applied unmerged."""
+    if adapter is None:
+        return graph
+    from .lora import apply_adapter
+    params, alpha, scale = adapter
+    return apply_adapter(graph, params, alpha, scale)
+
+
 def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
-               kv_f16: bool = True, bos=None) -> PerplexityResult:
+               kv_f16: bool = True, bos=None, lora=None, lora_scale: float = 1.0
+               ) -> PerplexityResult:
     """Perplexity of `model` on `text` with llama.cpp's method (see the module docstring).
 
     model: a llama GGUF path, or (LlamaConfig, params[, Tokenizer]) as read_llama returns.
@@ -146,12 +176,15 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
     progress(chunks_done, n_chunks, running_ppl), called after every forward pass.
     bos: the id that replaces each chunk's first token; None: the tokenizer's BOS when its
     vocabulary adds BOS (else nothing is replaced), False: never.
+    lora: a LoRA adapter applied unmerged (jitgraph.models.lora): its GGUF path or (adapter
+    params, alpha); lora_scale: llama.cpp's adapter scale (--lora-scale; 0 = the base model).
     Raises ValueError when the text has fewer than 2 * n_ctx tokens (llama.cpp's rule) or n_ctx
     is out of range."""
     from ..compiler import compile as jg_compile
     from .llama import llama_forward
 
     cfg, params, tok = _load(model)
+    adapter = load_lora(cfg, lora, lora_scale)
     n_ctx, batch = int(n_ctx), int(batch)
     if n_ctx < 3:
         raise ValueError(f"perplexity: n_ctx {n_ctx} must be >= 3 (the second half of each "
@@ -189,8 +222,9 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
     batch = min(batch, n_chunk)
 
     t0 = time.perf_counter()
-    prog = jg_compile(llama_forward(cfg, batch, n_ctx, kv_f16=kv_f16), copy_outputs=False)
-    for k, v in params.items():
+    prog = jg_compile(with_lora(llama_forward(cfg, batch, n_ctx, kv_f16=kv_f16), adapter),
+                      copy_outputs=False)
+    for k, v in {**params, **(adapter[0] if adapter else {})}.items():
         prog.params[k] = v
     compile_seconds = time.perf_counter() - t0
 

@@ -10,6 +10,10 @@ kernels by symbol, in order, with base address + offset: a step is one Python->n
 the driver never links the kernels' code into its own, so it compiles in a fraction of a second
 and each kernel is compiled (and cached) once whatever program uses it.
 Each call is preceded by the IR node it implements, so the source reads as an IR dump.
+With an update boundary (passes/boundary.py: `kg.boundary` phase-1 kernels) the driver is
+`DRIVER(arena, persist, io, phase)`: phase 1 runs the phase-1 kernels and zeroes the plan's
+`pads` (the bytes between the gradients of a bucket), phase 2 the rest and the copies into
+params, phase 0 both.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class Generated:
     workspace_bytes: int   # scratch space the arena needs after the memory plan's values
     calls: list            # (node id, kernel name, [(base, offset) per address]) in order;
     #                        base: "arena", "persist", or an int, the entry of the io table
+    phases: int = 1        # 2: the driver takes a `phase` argument (update boundary)
 
 
 def lower_node(graph, n, slot_of=lambda nid: None):
@@ -125,7 +130,10 @@ def generate(kg, plan, name_of) -> Generated:
         return None if s is None else \
             (s.region + (str(s.pointer) if s.region in CALLER else ""), s.offset, s.nbytes)
 
+    split = kg.boundary is not None
     for k in kg.kernels:
+        if split and k.id == kg.boundary:
+            body += _phase_end(plan)
         if k.kind != "node":
             body.append(f"# k{k.id} [{k.kind}]")
         body += [comment(format_node(g, g.nodes[nid]).strip()) for nid in k.nodes]
@@ -137,6 +145,8 @@ def generate(kg, plan, name_of) -> Generated:
             addrs = [address(a) for a in c.args if not isinstance(a, str)]
             calls.append((k.root, name, addrs))
             body.append(f"{name}({', '.join(_address(*a) for a in addrs)})")
+    if split and kg.boundary == len(kg.kernels):
+        body += _phase_end(plan)
     for name, nid in plan.copies:
         src, dst = plan.slots[nid], plan.params[name]
         body.append(comment(f"update {name} <- {g.label(nid)} (copy)"))
@@ -154,13 +164,35 @@ def generate(kg, plan, name_of) -> Generated:
     head += [comment(f"io[{s.pointer}]: {s.region} {k}") for k, s in
              [*plan.inputs.items(), *plan.outputs.items()]]
     head += [f'{k} = entry(__file__, "{k}", {nargs})' for k, (_, nargs) in sorted(kernels.items())]
+    if split:
+        body = _phased(body)
     body = ["a = np.int64(arena.ctypes.data)", "p = np.int64(persist.ctypes.data)"] + body
     text = "\n".join(head) + "\n\n\n" + '@njit(cache=True, error_model="numpy", nogil=True)\n' + \
-        "def DRIVER(arena, persist, io):\n" + "\n".join("    " + ln for ln in body) + "\n"
+        f"def DRIVER(arena, persist, io{', phase' if split else ''}):\n" + \
+        "\n".join("    " + ln for ln in body) + "\n"
     driver = name_of("d", text)
     work_bytes = work_at + work - plan.arena_bytes if work else 0
     return Generated({k: t for k, (t, _) in kernels.items()}, driver,
-                     text.replace("DRIVER", driver), len(calls), work_bytes, calls)
+                     text.replace("DRIVER", driver), len(calls), work_bytes, calls,
+                     2 if split else 1)
+
+
+BOUNDARY = "# -- update boundary --"
+
+
+def _phase_end(plan):
+    """The end of phase 1: the padding between a bucket's gradients zeroed, then the marker."""
+    return [comment("zero the padding between the gradients of the buckets")] + \
+        [f"arena[{off}:{off + n}] = 0" for off, n in plan.pads] + [BOUNDARY]
+
+
+def _phased(body):
+    """The driver body split at the boundary marker: phase 1 (or 0) runs the lines above it,
+    phase 2 (or 0) those below."""
+    at = body.index(BOUNDARY)
+    one, two = body[:at], body[at + 1:]
+    return ["if phase != 2:", *["    " + ln for ln in one], "    pass",
+            "if phase != 1:", *["    " + ln for ln in two], "    pass"]
 
 
 def comment(text: str) -> str:

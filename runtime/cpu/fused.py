@@ -16,6 +16,7 @@ from jitgraph.registry import get_op
 
 from jitgraph.passes.fuse import rows_flags
 
+from ..kernelgen import feeding
 from . import rules     # ELEMENTWISE: the CPU spelling of elementwise ops (rules imports us too)
 from .lower import (NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, collapse, literal,
                     matmul_operands, reduce_pattern, reduction)
@@ -201,15 +202,6 @@ def _overlap(a, b):
 
 
 # ---- GEMM + epilogue -----------------------------------------------------------------------------
-def _feeding(g, nid, members) -> set:
-    """The members `nid` reads, directly or through other members."""
-    mem, out, todo = set(members), set(), [nid]
-    while todo:
-        for i in g.nodes[todo.pop()].inputs:
-            if i in mem and i not in out:
-                out.add(i)
-                todo.append(i)
-    return out
 
 
 def gemm(g, kernel, inlined, slot_of) -> Call:
@@ -221,7 +213,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     n = g.nodes[kernel.anchor]
     w, xv, (rows, ncols) = matmul_operands(g, n)
     ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
-    pro = _feeding(g, n.id, kernel.nodes)
+    pro = feeding(g, n.id, kernel.nodes)
     epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro)
     b = Builder(g, inlined, slot_of)
     scratch, at = {}, 0            # prologue value read after the prologue -> scratch offset

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..kernelgen import batch_index
 
 # A kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, where cost
 # is 1 + the number of math calls and divisions in its expression. Measured on the 2-core machine
@@ -294,7 +295,7 @@ def matmul(graph, n):
     nb = _prod(ob)
     lines = [f"for b in range({nb}):"]
     for nm, shape in (("bx", xs), ("bw", ws)):
-        lines += ["    " + ln for ln in _batch_index(nm, ob, shape[:-2])]
+        lines += ["    " + ln for ln in batch_index(nm, ob, shape[:-2])]
     lines += ["    " + f"{gemm}(ta, tb, 1.0, x[bx], w[bw], 0.0, out[b])"]
     src = _kernel(["ta", "tb", "x", "w", "out"], lines)
     args = [literal(ta), literal(tb), (x.id, (_prod(xs[:-2]),) + xs[-2:]),
@@ -318,20 +319,3 @@ def _prod(shape):
     for d in shape:
         p *= d
     return p
-
-
-def _batch_index(name, out_batch, batch):
-    """Lines computing `name`, the flat batch index into an operand with batch shape `batch`
-    (right-aligned, broadcast over size-1 axes) for flat output batch index b."""
-    if tuple(batch) == tuple(out_batch):
-        return [f"{name} = b"]
-    lines, stride, lead = [f"{name} = 0", "r = b"], 1, len(out_batch) - len(batch)
-    for ax in reversed(range(len(out_batch))):
-        d = out_batch[ax]
-        lines += [f"j = r % {d}", f"r //= {d}"]
-        bax = ax - lead
-        if bax >= 0 and batch[bax] != 1:
-            lines.append(f"{name} += j * {stride}")
-        if bax >= 0:
-            stride *= batch[bax]
-    return lines

@@ -1,0 +1,914 @@
+"""`jitgraph train llama`, `jitgraph finetune` and `jitgraph dump llama`: training llama models on
+text with compiled kernels.
+
+Both training commands share one loop (LMTrainer, _fit): random windows of ctx + 1 tokens from
+the first 90 % of the text's bytes, validation on 20 fixed batches of windows from the last 10 %
+(jitgraph.models.text), AdamW, gradient accumulation (--logical-batch), gradient checkpointing
+(--recompute), a progress bar, and resumable checkpoints. Ctrl-C and SIGTERM are deferred to the
+end of the running step: the checkpoint (and for finetune the output) is saved, then the command
+exits 130 / 143.
+
+A llama training checkpoint is a GGUF file with the model's llama.* and tokenizer metadata, every
+param under its name, the optimizer state as `state.<name>` tensors and a JSON object under
+`jitgraph.checkpoint`: the options that shape the run, the program's call count, the window
+sampler's RNG state, the step and the loss curve. Resuming restores all of it, so k steps, a
+checkpoint and N - k more steps give bitwise the params of N steps straight.
+
+Under `mpiexec -n N` both commands train data-parallel (jitgraph/distributed.py, as `train
+mnist-fc` does): --batch-size (and --logical-batch) stay the global batch, every rank draws the
+same global windows from the same seed and runs its 1/N slice of each batch (World.shard) in a
+program compiled for batch / N whose update hook averages the gradients across the ranks; the
+training and validation losses are averaged across the ranks, so one command trains the same
+model (within float reassociation) whatever N. Rank 0 alone prints, shows the progress bar and
+writes files (model, adapter, checkpoint; atomically); a checkpoint resumes with any N. Ranks
+compile one after the other (rank 0 first, into the kernel cache). A rank's error aborts the
+whole job with its message. Ctrl-C / SIGTERM: the ranks agree after each step whether any of
+them got one, so all stop after the same step, rank 0 saves, and the job exits 130 / 143.
+finetune's perplexity before and after is computed by rank 0 alone (the other ranks wait for it
+at the next collective): the simplest correct choice, the same figures as without MPI. --json
+adds mpi_ranks, allreduce_seconds (rank 0's time in the gradient all-reduce, waits for slower
+ranks included) and param_checks (JITGRAPH_MPI_CHECK=N: the params hashed across the ranks
+after each optimizer step whose count of compiled steps is a multiple of N).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from ..lora import SHORTHANDS
+from . import (EXIT_INTERRUPT, add_compile_flags, EXIT_TERMINATED, Terminated, _check_model_file,
+               _compile_progress, _float_in, _flag, _int_at_least, _Run, _say, _shown, _warn)
+
+CKPT_KEY = "jitgraph.checkpoint"
+STATE_PREFIX = "state."
+VAL_BATCHES = 20
+# `train llama` options a checkpoint records: --resume continues with these
+TRAIN_RESUMED = ("text", "vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx",
+                 "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
+                 "no_fuse", "no_plan")
+FINETUNE_RESUMED = ("text", "full", "lora_rank", "lora_alpha", "lora_targets", "ctx",
+                    "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
+                    "no_fuse", "no_plan")
+# --lora-targets names -> the projection's GGUF tensor name part (q k v o gate up down)
+LORA_TARGETS = SHORTHANDS
+# the model `train llama` builds by default (the issue's training target) and `dump llama` shows
+DEFAULTS = {"dim": 128, "layers": 4, "heads": 4, "kv_heads": None, "ff": None, "ctx": 128,
+            "batch_size": 16}
+
+
+# ---- option types ------------------------------------------------------------------------------
+_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def recompute_spec(text):
+    """--recompute: "sqrt", "budget:BYTES" (a K/M/G suffix allowed), "budget:F" (0 < F <= 1, a
+    fraction of the arena without recomputation) or "none" -> compile's checkpoint= value."""
+    t = str(text).strip().lower()
+    if t in ("none", "off"):
+        return None
+    if t == "sqrt":
+        return "sqrt"
+    if t.startswith("budget:"):
+        v = t[len("budget:"):]
+        try:
+            if v[-1:] in _SUFFIX:
+                n = int(float(v[:-1]) * _SUFFIX[v[-1]])
+            elif "." in v or "e" in v:
+                f = float(v)
+                if 0 < f <= 1:
+                    return f"budget:{f!r}"
+                n = 0
+            else:
+                n = int(v)
+            if n >= 1:
+                return f"budget:{n}"
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(
+        f"expected sqrt, budget:BYTES (e.g. budget:64M) or budget:F (0 < F <= 1, a fraction of "
+        f"the arena without recomputation), got {text!r}")
+
+
+recompute_spec.__name__ = "recomputation policy"
+
+
+def vocab_spec(text):
+    """--vocab: "byte" (jitgraph.models.text.byte_vocab) or a vocabulary size >= 260 learned
+    from the training text (jitgraph.models.tokenizer.build_vocab)."""
+    if str(text).strip().lower() == "byte":
+        return "byte"
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or n < 260:
+        raise argparse.ArgumentTypeError(f"expected 'byte' or a vocabulary size >= 260 (<unk> "
+                                         f"<s> </s>, 256 byte tokens and \u2581), got {text!r}")
+    return n
+
+
+vocab_spec.__name__ = "vocabulary"
+
+
+def targets_spec(text):
+    """--lora-targets: comma-separated names among q,k,v,o,gate,up,down -> a sorted tuple."""
+    names = [t.strip().lower() for t in str(text).split(",") if t.strip()]
+    bad = [t for t in names if t not in LORA_TARGETS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names among "
+                                         f"{','.join(LORA_TARGETS)}, got {text!r}")
+    return ",".join(t for t in LORA_TARGETS if t in names)
+
+
+targets_spec.__name__ = "projection list"
+
+
+# ---- parsers -----------------------------------------------------------------------------------
+def _loop_options(p, steps):
+    p.add_argument("--text", metavar="FILE",
+                   help="UTF-8 text to train on: its first 90 %% of bytes train, the last 10 %% "
+                        "validate; default: the tiny-shakespeare slice shipped with jitgraph "
+                        "(262 KB, public domain)")
+    p.add_argument("--batch-size", type=_int_at_least(1), default=DEFAULTS["batch_size"],
+                   metavar="B", help="windows per compiled step")
+    p.add_argument("--logical-batch", type=_int_at_least(1), default=None, metavar="L",
+                   help="windows per optimizer step, a multiple of --batch-size (gradient "
+                        "accumulation over L/B compiled steps); default: the batch size")
+    p.add_argument("--steps", type=_int_at_least(1), default=steps, metavar="N",
+                   help="optimizer steps in all (with --resume: counting the checkpoint's)")
+    p.add_argument("--lr", type=_float_in(0, lo_open=True), default=1e-3,
+                   help="AdamW learning rate (constant)")
+    p.add_argument("--weight-decay", type=_float_in(0), default=0.0, metavar="WD",
+                   help="AdamW's decoupled weight decay")
+    p.add_argument("--eval-every", type=_int_at_least(1), default=100, metavar="N",
+                   help=f"validate every N steps and at the end: the mean loss of {VAL_BATCHES} "
+                        f"fixed batches of held-out windows")
+    p.add_argument("--recompute", type=recompute_spec, default=None, metavar="POLICY",
+                   help="gradient checkpointing: sqrt, budget:BYTES (e.g. budget:64M) or "
+                        "budget:F (a fraction of the arena without it); default: keep every "
+                        "activation")
+    p.add_argument("--seed", type=_int_at_least(0), default=0, metavar="S",
+                   help="seed of the initial weights, the training windows and the validation "
+                        "windows")
+    p.add_argument("--checkpoint", metavar="CKPT.gguf",
+                   help="save a resumable training checkpoint every --save-every steps, at the "
+                        "end and on Ctrl-C; default: none")
+    p.add_argument("--save-every", type=_int_at_least(1), default=100, metavar="N",
+                   help="steps between saves")
+    p.add_argument("--resume", metavar="CKPT.gguf",
+                   help="continue a checkpointed run bit for bit, with the checkpoint's "
+                        "training options; default: start afresh")
+    p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                   help="threads for GEMMs and parallel kernels (JITGRAPH_NUM_THREADS); 1 is "
+                        "much faster on a machine whose cores other jobs keep busy; default: "
+                        "all cores")
+    add_compile_flags(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar and no per-evaluation lines")
+
+
+def add_train_llama(p):
+    """The options of `jitgraph train llama` on parser `p`."""
+    d = DEFAULTS
+    p.add_argument("--vocab", type=vocab_spec, default="byte", metavar="byte|N",
+                   help="byte: one token per byte (354 tokens, SentencePiece format); N: a "
+                        "vocabulary of N tokens learned from the training text by BPE")
+    p.add_argument("--dim", type=_int_at_least(2), default=d["dim"], metavar="D",
+                   help="model width (embedding length)")
+    p.add_argument("--layers", type=_int_at_least(1), default=d["layers"], metavar="N",
+                   help="transformer blocks")
+    p.add_argument("--heads", type=_int_at_least(1), default=d["heads"], metavar="H",
+                   help="attention heads (the head size D/H must be even, for rope)")
+    p.add_argument("--kv-heads", type=_int_at_least(1), default=None, metavar="H",
+                   help="key/value heads, dividing --heads (grouped-query attention); default: "
+                        "--heads")
+    p.add_argument("--ff", type=_int_at_least(1), default=None, metavar="F",
+                   help="feed-forward width; default: llama's 8D/3 rounded up to 32 (352 for "
+                        "width 128)")
+    p.add_argument("--ctx", type=_int_at_least(2), default=d["ctx"], metavar="C",
+                   help="context: tokens per training window (and the model's context length)")
+    _loop_options(p, steps=1000)
+    p.add_argument("--out", metavar="MODEL.gguf",
+                   help="write the trained model, with its tokenizer, as a llama.cpp GGUF; "
+                        "default: not saved")
+    p.set_defaults(fn=train_llama, parser=p)
+
+
+def add_finetune(p):
+    """The options of `jitgraph finetune` on parser `p`."""
+    p.add_argument("base", metavar="BASE.gguf",
+                   help="the llama model to finetune (llama.cpp's GGUF layout, with its "
+                        "tokenizer)")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--lora-rank", type=_int_at_least(1), default=None, metavar="R",
+                     help="train LoRA adapters of rank R on a frozen base; the output is a "
+                          "llama.cpp LoRA adapter GGUF")
+    how.add_argument("--full", action="store_true",
+                     help="train every weight; the output is a complete model GGUF")
+    p.add_argument("--lora-alpha", type=_float_in(0, lo_open=True), default=None, metavar="A",
+                   help="LoRA scale alpha (the update is alpha/R * B A x); default: R")
+    p.add_argument("--lora-targets", type=targets_spec, default="q,v", metavar="LIST",
+                   help=f"projections that get adapters, among {','.join(LORA_TARGETS)}")
+    p.add_argument("--ctx", type=_int_at_least(2), default=128, metavar="C",
+                   help="tokens per training window and per perplexity chunk")
+    _loop_options(p, steps=300)
+    p.add_argument("--ppl-chunks", type=_int_at_least(2), default=None, metavar="N",
+                   help="score at most N chunks of the held-out split in the perplexity before "
+                        "and after (faster, less precise); default: every chunk")
+    p.add_argument("--no-ppl", action="store_true",
+                   help="skip the perplexity before and after")
+    p.add_argument("--out", metavar="OUT.gguf", required=True,
+                   help="the adapter (--lora-rank) or the model (--full), saved every "
+                        "--save-every steps, at the end and on Ctrl-C")
+    p.set_defaults(fn=finetune, parser=p)
+
+
+def add_dump_options(p):
+    """`jitgraph dump llama`'s own option (the dump parser is shared with the MNIST models)."""
+    p.add_argument("--program", choices=("train", "prefill", "decode"), default="train",
+                   help="llama only: the training step, or generation's prompt (prefill) or "
+                        "one-token (decode) program")
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+def save_llama_checkpoint(path, cfg, tok, params: dict, state: dict, meta: dict) -> None:
+    """A llama training checkpoint (see the module docstring), written atomically."""
+    from ..formats.gguf import gguf_writer
+    arrays = {k: np.asarray(v) for k, v in params.items()}
+    arrays.update({STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
+    meta = {**meta, "shapes": {k: list(a.shape) for k, a in arrays.items()}}
+    with gguf_writer(path, "llama") as w:
+        w.add_name("jitgraph training checkpoint")
+        cfg.to_gguf(w)
+        if tok is not None:
+            tok.write_gguf(w)
+        w.add_string(CKPT_KEY, json.dumps(meta))
+        for k, a in arrays.items():
+            w.add_tensor(k, np.ascontiguousarray(a.reshape(a.shape or (1,))))
+
+
+def load_llama_checkpoint(path):
+    """(LlamaConfig, Tokenizer or None, params, state, meta) of a file save_llama_checkpoint
+    wrote; anything else raises ModelFormatError naming the file."""
+    import gguf
+
+    from ..errors import ModelFormatError
+    from ..formats.gguf import _header
+    from ..models.llama import LlamaConfig
+    from ..models.tokenizer import Tokenizer
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        _header(f, path)                  # every count and extent bounded by the file's size
+    try:
+        r = gguf.GGUFReader(path)
+        md = {k: fl.contents() for k, fl in r.fields.items()}
+        if CKPT_KEY not in md:
+            raise ValueError(f"not a training checkpoint (no {CKPT_KEY}); a model file?")
+        meta = json.loads(md[CKPT_KEY])
+        if not isinstance(meta, dict) or not isinstance(meta.get("shapes"), dict):
+            raise ValueError(f"{CKPT_KEY} is not a jitgraph llama checkpoint's JSON object")
+        for k, kind in (("args", dict), ("calls", int), ("step", int), ("rng", dict),
+                        ("kind", str)):
+            if not isinstance(meta.get(k), kind) or isinstance(meta.get(k), bool):
+                raise ValueError(f"checkpoint field {k!r} is missing or not a {kind.__name__}")
+        shapes = meta["shapes"]
+        params, state, ne = {}, {}, {}
+        for t in r.tensors:
+            if t.name not in shapes:
+                raise ValueError(f"tensor {t.name!r} is not listed in the checkpoint's shapes")
+            a = np.array(t.data).reshape(shapes[t.name])
+            if t.name.startswith(STATE_PREFIX):
+                state[t.name[len(STATE_PREFIX):]] = a
+            else:
+                params[t.name] = a
+                if not t.name.endswith((".lora_a", ".lora_b")):
+                    ne[t.name] = [int(n) for n in t.shape]
+        cfg = LlamaConfig.from_metadata(md, ne)
+        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") == "llama" else None
+    except (ValueError, TypeError, KeyError) as e:
+        raise ModelFormatError(f"{path}: {e}") from None
+    return cfg, tok, params, state, meta
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---- the loop ----------------------------------------------------------------------------------
+class LMTrainer:
+    """A training program over token windows: the sampler of training windows, the fixed
+    validation windows, the optimizer step count.
+
+    `batch_size` is the global batch. With `world` (a jitgraph.distributed.World) `program` is
+    compiled for batch_size / world.size windows with hook=world.hook: every rank draws the
+    same global windows and runs its slice (`rows`) of each batch, and the losses returned are
+    averaged across the ranks."""
+
+    def __init__(self, program, train, val, *, batch_size, accumulate=1, seed=0,
+                 val_batches=VAL_BATCHES, world=None):
+        from ..models.text import WindowSampler, fixed_starts
+        self.program, self.train, self.val = program, train, val
+        self.accumulate = int(accumulate)
+        self.world = world
+        # this rank's rows of every global batch (all of them without MPI)
+        self.rows = None if world is None else world.shard(np.arange(batch_size))
+        self.sampler = WindowSampler(train, batch_size, seed)
+        self.val_starts = fixed_starts(val, batch_size, val_batches, seed)
+        self.pos = np.arange(train.length - 1, dtype=np.int32)
+        self.step = 0                      # optimizer steps done
+        self.window = []                   # training losses since the last evaluation
+        self.evaluator = program.evaluator()
+        self.tokens_per_step = self.accumulate * batch_size * (train.length - 1)
+
+    def train_step(self) -> float:
+        """One optimizer step (`accumulate` compiled steps); the mean of their losses (over
+        the ranks too, under MPI)."""
+        total = 0.0
+        for _ in range(self.accumulate):
+            if self.world is None:
+                x, y = self.sampler.next()
+            else:
+                x, y = self.train.batch(self.sampler.next_starts()[self.rows])
+            total += float(self.program.step(tokens=x, pos=self.pos, labels=y)["loss"])
+        self.step += 1
+        if self.world is None:
+            return total / self.accumulate
+        self.world.maybe_check(self.program)
+        return self.world.mean(total / self.accumulate,
+                               f"averaging the training loss of step {self.step}")
+
+    def val_loss(self) -> float:
+        """The mean loss of the fixed validation batches (over the ranks too, under MPI)."""
+        losses = []
+        for starts in self.val_starts:
+            x, y = self.val.batch(starts if self.rows is None else starts[self.rows])
+            losses.append(float(self.evaluator.run(tokens=x, pos=self.pos, labels=y)["loss"]))
+        if self.world is None:
+            return float(np.mean(losses))
+        return self.world.mean(np.mean(losses), f"averaging the validation loss at step "
+                                                f"{self.step}")
+
+    def warm_up(self) -> None:
+        """Compile the evaluator now (on the first validation batch), not at the first
+        evaluation: under MPI every rank compiles inside World.first, before any collective."""
+        x, y = self.val.batch(self.val_starts[0] if self.rows is None else
+                              self.val_starts[0][self.rows])
+        self.evaluator.run(tokens=x, pos=self.pos, labels=y)
+
+    def restore(self, params, state, meta):
+        for k, v in params.items():
+            self.program.params[k] = v
+        for k, v in state.items():
+            self.program.state[k] = v
+        self.program.calls, self.step = meta["calls"], meta["step"]
+        self.sampler.state = meta["rng"]
+        self.window = [float(v) for v in meta.get("window", [])]
+
+
+class _Deferred:
+    """SIGINT and SIGTERM noted while a step runs and raised at the next `check()` (after the
+    caller saved); a second signal raises at once."""
+
+    def __init__(self):
+        self.signum, self.old = None, {}
+
+    def __enter__(self):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):           # only the main thread can
+                self.old[s] = signal.signal(s, self._note)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+        return False
+
+    def _note(self, signum, frame):
+        if self.signum is not None:
+            self._raise(signum)
+        self.signum = signum
+
+    @staticmethod
+    def _raise(signum):
+        if signum == signal.SIGTERM:
+            raise Terminated()
+        raise KeyboardInterrupt
+
+    @property
+    def pending(self) -> bool:
+        return self.signum is not None
+
+    def check(self):
+        if self.signum is not None:
+            self._raise(self.signum)
+
+
+def _bar(args, total, initial):
+    from tqdm import tqdm
+    enabled = not args.quiet and sys.stderr.isatty()
+    return tqdm(total=total, initial=initial, desc=args.cmd, unit="step", disable=not enabled,
+                dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+def _fit(args, trainer, save, curve):
+    """Train to --steps: evaluate every --eval-every steps and at the end, call save() every
+    --save-every steps and at the end; Ctrl-C / SIGTERM: save, then raise. Returns the timing
+    {"seconds": training time without evaluations and saves, "steps": steps run now}.
+    Under MPI (trainer.world) the ranks agree after each step whether any got a signal: then
+    all save (rank 0 writes) after that same step and raise _Stopped."""
+    total, seconds, ran, window = args.steps, 0.0, 0, trainer.window
+    world = trainer.world
+    with _Deferred() as signals, _bar(args, total, min(trainer.step, total)) as bar:
+        while trainer.step < total:
+            t0 = time.perf_counter()
+            loss = trainer.train_step()
+            seconds += time.perf_counter() - t0
+            ran += 1
+            window.append(loss)
+            bar.update(1)
+            bar.set_postfix_str(f"loss {loss:.4f}, {trainer.tokens_per_step * ran / seconds:,.0f} "
+                                f"tokens/s", refresh=False)
+            s = trainer.step
+            if s % args.eval_every == 0 or s == total:
+                val = trainer.val_loss()
+                curve.append({"step": s, "train": float(np.mean(window)), "val": val})
+                window.clear()
+                line = (f"step {s}/{total}: train {curve[-1]['train']:.4f}  val {val:.4f}  "
+                        f"({1e3 * seconds / ran:.1f} ms/step, "
+                        f"{trainer.tokens_per_step * ran / seconds:,.0f} tokens/s)")
+                if not args.quiet:
+                    if bar.disable:
+                        print(line, flush=True)
+                    else:
+                        bar.write(line, file=sys.stderr)
+            if world is not None:
+                stop = _agreed_stop(world, signals, s)
+                if stop or s == total or s % args.save_every == 0:
+                    save()
+                if stop:
+                    raise _Stopped(stop)
+                continue
+            if signals.pending or s == total or s % args.save_every == 0:
+                save()
+            signals.check()
+    return {"seconds": seconds, "steps": ran}
+
+
+class _Stopped(Exception):
+    """Every MPI rank stops after the same step: one of them got SIGINT / SIGTERM (`signum`)."""
+
+    def __init__(self, signum):
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+def _agreed_stop(world, signals, step):
+    """Whether any rank got SIGINT or SIGTERM by the end of `step`, the same on every rank:
+    None, or the signal to exit with (SIGTERM when any rank got one)."""
+    got = [float(signals.pending), float(signals.signum == signal.SIGTERM)]
+    pending, term = world.mean(got, f"agreeing whether to stop after step {step}")
+    if not pending:
+        return None
+    return signal.SIGTERM if term else signal.SIGINT
+
+
+def _data_parallel(fn, args):
+    """fn(args, world): world None without MPI; under `mpiexec -n N` a
+    jitgraph.distributed.World, the other ranks quiet, a rank's error aborting the job, and a
+    stop agreed by the ranks (_Stopped) ending every rank with 130 / 143 (rank 0 reports it)."""
+    if args.threads:                 # before world() sets the per-rank threads from it
+        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
+    from ..distributed import world as mpi_world
+    world = mpi_world()
+    if world is None:
+        return fn(args, None)
+    if not world.is_root:
+        args.quiet, args.json, args.rank = True, False, world.rank
+    with world.abort_on_error():
+        try:
+            return fn(args, world)
+        except _Stopped as e:
+            stop = e.signum
+    if world.is_root:                # main reports it, with the checkpoint to resume from
+        raise Terminated() if stop == signal.SIGTERM else KeyboardInterrupt
+    return EXIT_TERMINATED if stop == signal.SIGTERM else EXIT_INTERRUPT
+
+
+def _warn_once(args, msg):
+    """_warn on rank 0 only under MPI."""
+    if not getattr(args, "rank", 0):
+        _warn(args, msg)
+
+
+def _accumulation(args):
+    """Compiled steps per optimizer step (--logical-batch / --batch-size); a usage error when
+    it does not divide."""
+    if args.logical_batch is not None and (args.logical_batch < args.batch_size or
+                                           args.logical_batch % args.batch_size):
+        args.parser.error(f"argument --logical-batch: must be a multiple of --batch-size "
+                          f"{args.batch_size} (gradient accumulation over whole batches), got "
+                          f"{args.logical_batch}")
+    return (args.logical_batch or args.batch_size) // args.batch_size
+
+
+def _compile(args, graph, what, world=None):
+    from .. import compile as jg_compile, optim
+    acc = _accumulation(args)
+    opt = optim.AdamW(lr=args.lr, weight_decay=args.weight_decay, accumulate=acc)
+    t0 = time.perf_counter()
+    with _compile_progress(args, what):
+        prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
+                          plan_memory=not args.no_plan, checkpoint=args.recompute,
+                          seed=args.seed, copy_outputs=False,
+                          hook=None if world is None else world.hook)
+    return prog, acc, time.perf_counter() - t0
+
+
+def _windows(args, split, what):
+    """(train, val) Windows of ctx + 1 tokens; errors name --ctx and the text."""
+    from ..models.text import Windows
+    n = args.ctx + 1
+    parts = ((split.train, "training part (first 90 %)"), (split.val, "held-out part (last 10 %)"))
+    for tokens, part in parts:
+        if len(tokens) < n:
+            raise ValueError(f"--ctx {args.ctx}: the {part} of {what} has {len(tokens)} tokens, "
+                             f"fewer than one window of ctx + 1 = {n}; use a smaller --ctx or a "
+                             f"longer text")
+    return Windows(split.train, n, "training part"), Windows(split.val, n, "held-out part")
+
+
+def _check_outputs(args):
+    """--out and --checkpoint writable and distinct, before anything is read or compiled (and
+    --threads set, before the GEMM library loads: it reads the count once)."""
+    from ..formats.gguf import check_writable
+    if args.threads:
+        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
+    if args.out and args.checkpoint and \
+            os.path.abspath(args.out) == os.path.abspath(args.checkpoint):
+        raise ValueError(f"--out and --checkpoint name the same file {args.out}; the model would "
+                         f"overwrite the checkpoint")
+    for flag, path in (("--out", args.out), ("--checkpoint", args.checkpoint)):
+        if path:
+            check_writable(path, flag)
+
+
+def _resume(args, kind, resumed):
+    """Load --resume and apply its recorded options to `args` (a warning lists the given ones
+    it overrides). Returns (cfg, tok, params, state, meta)."""
+    _check_model_file(args.resume, "--resume")
+    cfg, tok, params, state, meta = load_llama_checkpoint(args.resume)
+    if meta["kind"] != kind:
+        raise ValueError(f"--resume {args.resume}: a {meta['kind']} checkpoint, not {kind}")
+    saved = {k: meta["args"].get(k) for k in resumed}
+    given = getattr(args, "given", set())
+    ignored = [f"{_flag(k, getattr(args, k))} (checkpoint: {_shown(saved[k])})"
+               for k in resumed if k in given and getattr(args, k) != saved[k]]
+    if ignored:
+        _warn_once(args, f"--resume {args.resume} continues with the checkpoint's training "
+                         f"options (a bit-exact resume needs them); ignored "
+                         f"{', '.join(ignored)}")
+    for k, v in saved.items():
+        setattr(args, k, v)
+    _Run.checkpoint, _Run.epoch, _Run.unit = args.resume, meta["step"], "step"
+    if meta["step"] >= args.steps:
+        _warn_once(args, f"--resume {args.resume} is at step {meta['step']}, --steps is "
+                         f"{args.steps}: nothing left to train")
+    return cfg, tok, params, state, meta
+
+
+def _read_text(args, meta=None):
+    from ..models.text import read_corpus
+    if args.text is not None:
+        _check_model_file(args.text, "--text")
+    data = read_corpus(args.text)
+    if meta is not None and meta.get("text_sha256") not in (None, _sha256(data)):
+        where = args.text or "the shipped corpus"
+        raise ValueError(f"--resume {args.resume}: the text ({where}) changed since the "
+                         f"checkpoint was written; a resumed run needs the same text")
+    what = args.text if args.text else "the shipped tiny-shakespeare slice"
+    return data, what
+
+
+def _meta(args, kind, resumed, trainer, curve, data, extra=None):
+    return {"kind": kind, "args": {k: getattr(args, k) for k in resumed},
+            "calls": trainer.program.calls, "step": trainer.step,
+            "rng": trainer.sampler.state, "curve": curve, "window": trainer.window,
+            "text_sha256": _sha256(data),
+            **(extra or {})}
+
+
+def _summary(trainer, timing, curve, compile_s):
+    sec, ran = timing["seconds"], timing["steps"]
+    last = curve[-1] if curve else {}
+    return {"train_loss": last.get("train"), "val_loss": last.get("val"),
+            "steps": trainer.step, "ms_per_step": 1e3 * sec / ran if ran else None,
+            "tokens_per_second": trainer.tokens_per_step * ran / sec if ran else None,
+            "compile_seconds": compile_s, "curve": curve}
+
+
+def _count(n):
+    return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n:,}"
+
+
+def _bytes(n):
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _memory(prog):
+    """Trainable params, optimizer-state bytes, arena and persistent bytes of a program."""
+    g = prog.source
+    trainable = set(g.trainable_params())
+    st = prog.stats()
+    return {"trainable_params": int(sum(np.asarray(prog.params[k]).size for k in trainable)),
+            "params": int(sum(np.asarray(v).size for v in prog.params.values())),
+            "optimizer_state_bytes": int(sum(np.asarray(v).nbytes for v in prog.state.values())),
+            "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"])}
+
+
+# ---- train llama -------------------------------------------------------------------------------
+def _model_config(args, vocab):
+    """The LlamaConfig of the options; errors name the options."""
+    from ..models.llama import LlamaConfig
+    kv = args.kv_heads or args.heads
+    if args.dim % args.heads:
+        raise ValueError(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
+    if (args.dim // args.heads) % 2:
+        raise ValueError(f"--dim {args.dim} / --heads {args.heads} = head size "
+                         f"{args.dim // args.heads} must be even (rope rotates pairs)")
+    if args.heads % kv:
+        raise ValueError(f"--kv-heads {kv} must divide --heads {args.heads}")
+    return LlamaConfig(vocab=vocab, dim=args.dim, layers=args.layers, heads=args.heads,
+                       kv_heads=kv, ff=args.ff, ctx=args.ctx)
+
+
+def _tokenizer(args, data):
+    from ..models.text import byte_vocab, split_bytes
+    from ..models.tokenizer import build_vocab
+    if args.vocab == "byte":
+        return byte_vocab(), "byte vocabulary"
+    head, _ = split_bytes(data)
+    tok = build_vocab(head.decode("utf-8", "replace"), args.vocab)
+    return tok, "vocabulary learned from the training part by BPE"
+
+
+def train_llama(args):
+    """`jitgraph train llama` (data-parallel under `mpiexec -n N`: see the module docstring)."""
+    return _data_parallel(_train_llama, args)
+
+
+def _data_parallel_line(args, world):
+    if world is not None:
+        _say(args, f"data parallel: {world.size} MPI ranks, {args.batch_size // world.size} "
+                   f"windows of each batch and {world.threads} thread(s) per rank")
+
+
+def _mpi_summary(world):
+    return {} if world is None else {"mpi_ranks": world.size,
+                                     "allreduce_seconds": world.seconds["allreduce"],
+                                     "param_checks": world.checks}
+
+
+def _build(args, graph, what, world, make_trainer):
+    """Compile `graph` and make its LMTrainer; under MPI rank 0 first, then the others (the
+    evaluator compiled too), before any collective. (prog, acc, compile seconds, trainer)."""
+    _accumulation(args)              # a usage error before anything compiles
+
+    def build():
+        prog, acc, compile_s = _compile(args, graph, what, world)
+        trainer = make_trainer(prog, acc)
+        if world is not None:
+            trainer.warm_up()
+        return prog, acc, compile_s, trainer
+    return build() if world is None else world.first(build, f"compiling {what}")
+
+
+def _train_llama(args, world):
+    from ..models.llama import llama_forward, write_llama
+    from ..models.text import tokenize_split
+    kind = "train-llama"
+    _check_outputs(args)
+    resumed = None
+    if args.resume:
+        resumed = _resume(args, kind, TRAIN_RESUMED)
+    data, what = _read_text(args, resumed and resumed[4])
+    if resumed:
+        tok, how = resumed[1], "vocabulary of the checkpoint"
+    else:
+        tok, how = _tokenizer(args, data)
+    cfg = resumed[0] if resumed else _model_config(args, len(tok))
+    split = tokenize_split(data, tok)
+    train_w, val_w = _windows(args, split, what)
+    _say(args, f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
+               f"{split.size - split.cut:,} held out), {how} ({len(tok)} tokens): "
+               f"{len(split.train):,} + {len(split.val):,} tokens")
+    local = args.batch_size if world is None else world.local_batch(args.batch_size)
+    graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_train")
+    prog, acc, compile_s, trainer = _build(
+        args, graph, "llama", world,
+        lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
+                                    accumulate=acc, seed=args.seed, world=world))
+    curve = []
+    if resumed:
+        trainer.restore(resumed[2], resumed[3], resumed[4])
+        curve = list(resumed[4].get("curve", []))
+    mem = _memory(prog)
+    _say(args, f"llama: {cfg.layers} layers, width {cfg.dim}, {cfg.heads} heads "
+               f"({cfg.kv_heads} kv), ff {cfg.ff}, ctx {cfg.ctx}, vocab {cfg.vocab}: "
+               f"{_count(mem['params'])} params; batch {args.batch_size}"
+               f"{f' x {acc} accumulated' if acc > 1 else ''}, AdamW lr {args.lr}"
+               f"{f', recompute {args.recompute}' if args.recompute else ''}; compiled in "
+               f"{compile_s:.2f} s (arena {_bytes(mem['arena_bytes'])})")
+    _data_parallel_line(args, world)
+    root = world is None or world.is_root
+
+    def save():
+        if args.checkpoint and root:
+            save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
+                                  _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
+            _Run.checkpoint, _Run.epoch, _Run.unit = args.checkpoint, trainer.step, "step"
+
+    timing = _fit(args, trainer, save, curve)
+    if args.out and root:
+        write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama")
+        _say(args, f"saved {args.out}")
+    if args.json:
+        print(json.dumps({**_summary(trainer, timing, curve, compile_s), **mem,
+                          "vocab": cfg.vocab, **_mpi_summary(world)}))
+    return 0
+
+
+# ---- finetune ----------------------------------------------------------------------------------
+def _lora_modules():
+    from ..lora import lora
+    from ..models import lora as lora_file
+    return lora, lora_file
+
+
+def _perplexity(args, cfg, params, tok, tail, label):
+    """Perplexity on the held-out bytes with llama.cpp's method (at most --ppl-chunks chunks)."""
+    from ..models.perplexity import perplexity
+    ids = tok.encode(tail, bos=tok.add_bos)
+    if args.ppl_chunks:
+        ids = ids[:args.ppl_chunks * args.ctx]
+    res = perplexity((cfg, params, tok), ids, n_ctx=args.ctx, batch=8, kv_f16=False)
+    _say(args, f"perplexity {label}: {res}")
+    return res
+
+
+def finetune(args):
+    """`jitgraph finetune` (data-parallel under `mpiexec -n N`: see the module docstring; the
+    perplexity before and after on rank 0 alone)."""
+    return _data_parallel(_finetune, args)
+
+
+def _finetune(args, world):
+    from ..models.llama import llama_forward, read_llama, write_llama
+    from ..models.text import split_bytes, tokenize_split
+    kind = "finetune"
+    _check_model_file(args.base, "base model")
+    _check_outputs(args)
+    resumed = None
+    if args.resume:
+        resumed = _resume(args, kind, FINETUNE_RESUMED)
+    if args.lora_alpha is not None and args.full:
+        raise ValueError("--lora-alpha applies to --lora-rank, not --full")
+    cfg, base, tok = read_llama(args.base)
+    if tok is None:
+        raise ValueError(f"{args.base}: the model has no llama (SentencePiece) tokenizer in its "
+                         f"metadata; finetune needs it to tokenize the text")
+    if args.ctx > cfg.ctx:
+        raise ValueError(f"--ctx {args.ctx} exceeds the model's context length {cfg.ctx}")
+    with open(args.base, "rb") as f:
+        base_sha = _sha256(f.read())
+    if resumed and resumed[4].get("base_sha256") not in (None, base_sha):
+        raise ValueError(f"--resume {args.resume}: was made from another base model than "
+                         f"{args.base}")
+    lora = lora_file = None
+    if not args.full:
+        lora, lora_file = _lora_modules()
+    alpha = float(args.lora_alpha if args.lora_alpha is not None else args.lora_rank or 0)
+    data, what = _read_text(args, resumed and resumed[4])
+    split = tokenize_split(data, tok)
+    train_w, val_w = _windows(args, split, what)
+    _say(args, f"base: {args.base} ({cfg.layers} layers, width {cfg.dim}, vocab {cfg.vocab}); "
+               f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
+               f"{split.size - split.cut:,} held out; {len(split.train):,} + {len(split.val):,} "
+               f"tokens)")
+    _, tail = split_bytes(data)
+    root = world is None or world.is_root
+    local = args.batch_size if world is None else world.local_batch(args.batch_size)
+    ppl = not args.no_ppl and root
+    ppl_before = _perplexity(args, cfg, base, tok, tail, "before") if ppl else None
+
+    graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_finetune")
+    targets = None
+    if not args.full:
+        targets = tuple(LORA_TARGETS[t] for t in args.lora_targets.split(","))
+        graph = lora(graph, targets=targets, rank=args.lora_rank, alpha=alpha, seed=args.seed)
+    prog, acc, compile_s, trainer = _build(
+        args, graph, "finetune", world,
+        lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
+                                    accumulate=acc, seed=args.seed, world=world))
+    for k, v in base.items():                          # the base weights (frozen with LoRA)
+        prog.params[k] = v
+    curve = []
+    if resumed:
+        trainer.restore(resumed[2], resumed[3], resumed[4])
+        curve = list(resumed[4].get("curve", []))
+    mem = _memory(prog)
+    mode = "full" if args.full else \
+        f"LoRA rank {args.lora_rank}, alpha {alpha:g} on {args.lora_targets}"
+    _say(args, f"finetune ({mode}): batch {args.batch_size}"
+               f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, AdamW lr "
+               f"{args.lr}{f', recompute {args.recompute}' if args.recompute else ''}; compiled "
+               f"in {compile_s:.2f} s")
+    _say(args, f"memory: {mem['trainable_params']:,} trainable params of {mem['params']:,}, "
+               f"optimizer state {_bytes(mem['optimizer_state_bytes'])}, arena "
+               f"{_bytes(mem['arena_bytes'])}, persistent {_bytes(mem['persistent_bytes'])}")
+    _data_parallel_line(args, world)
+
+    def adapter():
+        return {k: np.array(v) for k, v in prog.params.items()
+                if k.endswith((".lora_a", ".lora_b"))}
+
+    def write_out():
+        if args.full:
+            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph finetune")
+        else:
+            lora_file.write_adapter(args.out, cfg, adapter(), alpha)
+
+    def save():
+        if not root:
+            return
+        write_out()
+        if args.checkpoint:
+            meta = _meta(args, kind, FINETUNE_RESUMED, trainer, curve, data,
+                         {"base_sha256": base_sha})
+            save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
+                                  meta)
+            _Run.checkpoint, _Run.epoch, _Run.unit = args.checkpoint, trainer.step, "step"
+
+    timing = _fit(args, trainer, save, curve)
+    _say(args, f"saved {args.out}")
+    ppl_after = None
+    if ppl:
+        params = dict(prog.params) if args.full else \
+            lora_file.merge({k: v for k, v in prog.params.items() if k in base}, adapter(),
+                            alpha)
+        ppl_after = _perplexity(args, cfg, params, tok, tail, "after")
+        _say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
+                   f"({ppl_after.ppl / ppl_before.ppl:.3f}x)")
+    if args.json:
+        print(json.dumps({**_summary(trainer, timing, curve, compile_s), **mem,
+                          "mode": "full" if args.full else "lora",
+                          "ppl_before": ppl_before and ppl_before.ppl,
+                          "ppl_after": ppl_after and ppl_after.ppl,
+                          "ppl_chunks": ppl_after and ppl_after.chunks,
+                          **_mpi_summary(world)}))
+    return 0
+
+
+# ---- dump llama --------------------------------------------------------------------------------
+def dump_llama(args):
+    """`jitgraph dump llama`: the IR of the default `train llama` model's training step, or of
+    generation's prefill / decode program."""
+    from .. import compile as jg_compile, optim
+    from ..models.generate import llama_decoder
+    from ..models.llama import LlamaConfig, llama_forward
+    from ..models.text import byte_vocab
+    d = DEFAULTS
+    cfg = LlamaConfig(vocab=len(byte_vocab()), dim=d["dim"], layers=d["layers"],
+                      heads=d["heads"], kv_heads=d["kv_heads"], ff=d["ff"], ctx=d["ctx"])
+    program = getattr(args, "program", "train")
+    if program == "train":
+        graph = llama_forward(cfg, args.batch_size or d["batch_size"], cfg.ctx, labels=True,
+                              name="llama_train")
+        kw = {"loss": "loss", "optimizer": optim.AdamW(lr=1e-3, weight_decay=0.0)}
+    else:
+        graph = llama_decoder(cfg, 16 if program == "prefill" else 1, cfg.ctx,
+                              last=program == "prefill")
+        kw = {}
+    if args.stage == "graph":
+        print(graph)
+        return 0
+    absent = {"checkpoint"} | (set() if program == "train" else {"autodiff", "optimizer"})
+    if args.stage in absent:
+        raise ValueError(f"--stage {args.stage}: the llama {program} program has no such stage"
+                         f"{' (it is forward only)' if program != 'train' else ''}")
+    with _compile_progress(args, f"llama {program}"):
+        prog = jg_compile(graph, fuse=not args.no_fuse, plan_memory=not args.no_plan,
+                          check_finite=args.stage == "guard", **kw)
+    print(prog.ir(args.stage))
+    return 0

@@ -1,0 +1,183 @@
+"""The CUDA backend (runtime/backend.py's interface): numba-cuda kernels over device memory.
+
+Memory. `allocate` gives device memory (a runtime/cuda/device.Region), zeroed: the Program
+(runtime/executor.py, unchanged) allocates its arena block (the plan's arena, the scratch space,
+its own output buffers) and the persistent region (params, optimizer state) once, so params and
+optimizer state live on the device across steps. `view` gives device.DeviceView: what the
+Program reads (outputs, params: one device-to-host copy each) and writes (params, the
+optimizer's per-step scalars: one host-to-device copy each).
+
+A step. The Program fills the io table as on the CPU: an input's entry is the caller's host
+array (or its converted copy: then a device buffer of the backend's), an output's entry the
+Program's own device buffer or, with step_into, the caller's host array. The driver resolves
+each entry: an address inside one of this backend's allocations is device memory (used where it
+lies); any other is host memory, copied into a device staging buffer of the driver's (inputs,
+allocated once) before the launches, or from one (outputs) after them. So a step moves the
+inputs up, runs the launches (runtime/cuda/codegen.py) on the default stream, and the Program
+then copies the outputs it returns down; nothing is allocated per step after the first.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import device
+from .codegen import Ref
+
+KINDS = frozenset(("node", "elementwise", "gemm", "rows", "reduce", "cross_entropy"))
+
+
+class CUDA:
+    """numba-cuda on an NVIDIA GPU (or numba's simulator, NUMBA_ENABLE_CUDASIM=1)."""
+    name = "cuda"
+    kinds = KINDS
+
+    def __init__(self):
+        self.cuda = device.require()
+        self.simulator = device.simulated()
+        if self.simulator:
+            device.fix_simulator()
+        self._allocs = []          # (start, end, Region) of every allocation of this backend
+        # the simulator runs every thread as a Python thread: small blocks, few of them
+        self.tpb, self.tile, self.max_blocks = (8, 4, 2) if self.simulator else (256, 16, 4096)
+
+    # ---- generate / build -----------------------------------------------------------------
+    def generate(self, kernels, plan):
+        from .codegen import generate, listing
+        gen = generate(kernels, plan, self.tpb, self.tile, self.max_blocks)
+        return gen, listing(gen, kernels.graph)
+
+    def build(self, gen):
+        t0 = time.perf_counter()
+        self._check_fits(gen)
+        ns = {}
+        exec(compile(gen.source, "<jitgraph cuda kernels>", "exec"), ns)
+        kernels = {k: self.cuda.jit(ns[k]) for k in gen.kernels}
+        driver = Driver(self, gen, kernels, ns)
+        return driver, {"kernel_functions": len(gen.kernels), "calls_per_step": len(gen.launches),
+                        "kernels_compiled": len(gen.kernels), "kernels_loaded": 0,
+                        "kernels_reused": 0, "driver_cached": False,
+                        "numba_seconds": time.perf_counter() - t0,
+                        "workspace_bytes": gen.workspace_bytes,
+                        "gemm_library": f"numba tiled GEMM ({gen.tile}x{gen.tile})",
+                        "device": "simulator" if self.simulator else _device_name(self.cuda)}
+
+    def _check_fits(self, gen):
+        """A clear error when the program's planned bytes exceed the device's free memory."""
+        need = sum(gen.plan_bytes.values()) + sum(n for n, _, _ in gen.inputs.values())
+        try:
+            free, total = self.cuda.current_context().get_memory_info()
+        except Exception:        # noqa: BLE001 - a context that cannot say: let allocation fail
+            return
+        if need > free:
+            parts = ", ".join(f"{k} {v} B" for k, v in gen.plan_bytes.items())
+            raise MemoryError(f"target cuda: the program needs {need} B of device memory "
+                              f"({parts}, inputs staged), the device has {int(free)} B free of "
+                              f"{int(total)} B")
+
+    # ---- memory ---------------------------------------------------------------------------
+    def allocate(self, nbytes):
+        """`nbytes` of zeroed device memory, starting on a 256-byte boundary."""
+        try:
+            dev = self.cuda.to_device(np.zeros(nbytes + device.ALIGN, np.uint8))
+        except Exception as e:   # noqa: BLE001 - the driver's out-of-memory error, named
+            raise MemoryError(f"target cuda: cannot allocate {nbytes} B of device memory: "
+                              f"{e}") from e
+        off = (-device.device_pointer(dev)) % device.ALIGN
+        r = device.Region(dev, off, nbytes)
+        self._allocs.append((r.ptr, r.ptr + max(nbytes, 1), r))
+        return r
+
+    def view(self, region, slot, t):
+        return device.DeviceView(region, slot.offset, t.shape, t.np_dtype)
+
+    def address(self, a) -> int:
+        if isinstance(a, (device.Region, device.DeviceView)):
+            return a.ptr
+        return a.__array_interface__["data"][0]
+
+    def find(self, addr: int, nbytes: int):
+        """(Region, offset) when [addr, addr + nbytes) lies in a device allocation of this
+        backend; None: host memory (a caller's array)."""
+        for lo, hi, r in self._allocs:
+            if lo <= addr and addr + nbytes <= hi:
+                return r, addr - r.ptr
+        return None
+
+
+def _device_name(cuda) -> str:
+    try:
+        d = cuda.get_current_device()
+        name = d.name.decode() if isinstance(d.name, bytes) else d.name
+        return f"{name} (sm_{d.compute_capability[0]}{d.compute_capability[1]})"
+    except Exception:     # noqa: BLE001
+        return "cuda"
+
+
+class Driver:
+    """driver(arena, persist, io[, phase]): one step, the launches of runtime/cuda/codegen.py
+    over device arrays. The launch configurations and every launch's argument list are built
+    once and rebuilt only when the arena, the persistent region or a buffer behind the io
+    table changes (a caller's output array with step_into, a fed-back device view), so a
+    step's host work is the input uploads, one Python call per launch and the downloads."""
+
+    def __init__(self, backend, gen, kernels, namespace):
+        self.backend, self.gen, self.cuda = backend, gen, backend.cuda
+        self.kernels = kernels
+        self.python = namespace            # the kernels as Python functions (PTX checks)
+        self._views = {}                   # (region id, byte offset, shape, dtype) -> array
+        self._staging = {}                 # io pointer -> Region for host memory behind it
+        self._key, self._args = None, None
+        self._launch = [(kernels[ln.kernel][ln.grid, ln.block], ln.phase) for ln in gen.launches]
+        self.stats = type("S", (), {"cache_hits": {}})()   # what backend.CPU's driver has
+
+    def _device(self, region, offset, nbytes, dtype, shape):
+        key = (id(region), offset, tuple(shape), dtype)
+        d = self._views.get(key)
+        if d is None:
+            d = self._views[key] = region.device(offset, nbytes, dtype, shape)
+        return d
+
+    def _io_buffer(self, p, addr, spec):
+        """(Region, offset, host array or None) behind io entry `p` at `addr`: device memory
+        of this backend where it lies, else the caller's host array and the staging buffer."""
+        nbytes = spec[0]
+        hit = self.backend.find(addr, nbytes)
+        if hit is not None:
+            return hit[0], hit[1], None
+        st = self._staging.get(p)
+        if st is None:
+            st = self._staging[p] = self.backend.allocate(max(nbytes, 4))
+        return st, 0, device.host_array(addr, nbytes, spec[1], spec[2])
+
+    def __call__(self, arena, persist, io, phase=0):
+        gen = self.gen
+        bufs, downloads = {}, []
+        for p, spec in gen.inputs.items():
+            r, off, host = self._io_buffer(p, int(io[p]), spec)
+            bufs[p] = (r, off)
+            if host is not None and spec[0]:
+                self._device(r, off, spec[0], spec[1], spec[2]).copy_to_device(host)
+        for p, spec in gen.outputs.items():
+            r, off, host = self._io_buffer(p, int(io[p]), spec)
+            bufs[p] = (r, off)
+            if host is not None and spec[0]:
+                downloads.append((self._device(r, off, spec[0], spec[1], spec[2]), host))
+        key = (id(arena), id(persist), tuple((p, id(r), off) for p, (r, off) in bufs.items()))
+        if key != self._key:
+            regions = {"arena": (arena, 0), "persist": (persist, 0), **bufs}
+            self._args = [[self._arg(a, regions) for a in ln.args] for ln in gen.launches]
+            self._key = key
+        for (launch, ph), args in zip(self._launch, self._args):
+            if not phase or ph == phase:
+                launch(*args)
+        for d, host in downloads:
+            d.copy_to_host(host)
+
+    def _arg(self, a, regions):
+        if not isinstance(a, Ref):
+            return a
+        r, off = regions[a.base]
+        nbytes = int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
+        return self._device(r, off + a.offset, nbytes, a.dtype, a.shape)

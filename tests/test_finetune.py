@@ -1,0 +1,166 @@
+"""`jitgraph finetune` (jitgraph/cli/llama_train.py) on llama.cpp's stories260K: --full writes a
+model that loads, --lora-rank an adapter that read_adapter reads back; the LoRA program's loss
+at step 0 equals the base model's; the memory report; resume bit-exact; option errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jitgraph import cli
+from jitgraph.cli import llama_train
+from jitgraph.models.llama import read_llama
+from jitgraph.models.lora import merge, read_adapter
+
+MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gguf",
+                     "stories260K.gguf")
+# a short text of the shipped corpus keeps tokenizing and perplexity quick
+SMALL = ["--ctx", "32", "--batch-size", "2", "--eval-every", "1", "--ppl-chunks", "2",
+         "--quiet", "--json"]
+
+
+@pytest.fixture(scope="module")
+def base():
+    if not os.path.exists(MODEL):
+        pytest.skip(f"{MODEL} (llama.cpp's stories260K test model) not present")
+    return read_llama(MODEL)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    from jitgraph.models.text import read_corpus
+    p = tmp_path_factory.mktemp("text") / "t.txt"
+    p.write_bytes(read_corpus()[:40_000])
+    return str(p)
+
+
+def _json(capsys):
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+LORA = ["--lora-rank", "2", "--lora-targets", "q,k,v,o", "--lr", "1e-2"]
+
+
+@pytest.fixture(scope="module")
+def runs(base, text, tmp_path_factory):
+    """A --full and a LoRA finetune of 4 steps (their files and --json results)."""
+    d = tmp_path_factory.mktemp("finetune")
+    full, ad, ck = d / "full.gguf", d / "ad.gguf", d / "ad.ckpt"
+    res = []
+    for how, out, extra in ((["--full"], full, []), (LORA, ad, ["--checkpoint", str(ck)])):
+        with _Stdout() as got:
+            assert cli.main(["finetune", MODEL, "--text", text, *how, "--steps", "4", *SMALL,
+                             "--out", str(out), *extra]) == 0
+        res.append(json.loads(got.text.strip().splitlines()[-1]))
+    return {"full": full, "adapter": ad, "checkpoint": ck, "rf": res[0], "rl": res[1]}
+
+
+class _Stdout:
+    """Captures sys.stdout (capsys is function-scoped; the runs fixture is per module)."""
+
+    def __enter__(self):
+        import io
+        import sys
+        self.old, self.buf = sys.stdout, io.StringIO()
+        sys.stdout = self.buf
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+        sys.stdout = self.old
+        self.text = self.buf.getvalue()
+
+
+@pytest.mark.slow
+def test_full_and_lora_finetunes_write_files_that_load(base, runs):
+    cfg, params, tok = base
+    full, ad, ck, rf, rl = (runs[k] for k in ("full", "adapter", "checkpoint", "rf", "rl"))
+
+    # --full: a complete model with the base's tokenizer, every weight moved
+    cfg2, p2, tok2 = read_llama(full)
+    assert cfg2 == cfg and tok2.tokens == tok.tokens
+    assert all(not np.array_equal(p2[k], params[k]) for k in params)
+    n = sum(v.size for v in params.values())
+    assert rf["trainable_params"] == rf["params"] == n
+    assert rf["optimizer_state_bytes"] == 2 * 4 * n          # AdamW's m and v, f32
+    assert rf["ppl_after"] < rf["ppl_before"] and rf["ppl_chunks"] == 2
+
+    # --lora-rank: the adapter reads back as the program's adapter params, alpha = rank
+    adapter, alpha = read_adapter(ad, cfg)
+    assert alpha == 2.0
+    names = {f"blk.{i}.{t}.weight.lora_{x}" for i in range(cfg.layers)
+             for t in ("attn_q", "attn_k", "attn_v", "attn_output") for x in "ab"}
+    assert set(adapter) == names
+    ckpt = llama_train.load_llama_checkpoint(ck)[2]
+    for k in names:
+        np.testing.assert_array_equal(adapter[k], ckpt[k], err_msg=k)
+        assert ckpt[k.rsplit(".", 1)[0]].shape == params[k.rsplit(".", 1)[0]].shape
+    for k in params:                                           # the base stayed frozen
+        np.testing.assert_array_equal(ckpt[k], params[k], err_msg=k)
+    assert any(np.abs(adapter[k]).max() > 0 for k in names if k.endswith("lora_b"))
+    trainable = sum(v.size for v in adapter.values())
+    assert rl["trainable_params"] == trainable and rl["params"] == n + trainable
+    assert rl["optimizer_state_bytes"] == 2 * 4 * trainable
+    assert rl["optimizer_state_bytes"] < 0.1 * rf["optimizer_state_bytes"]
+    assert rl["ppl_before"] == rf["ppl_before"]
+    assert rl["ppl_after"] < rl["ppl_before"]
+    merged = merge(params, adapter, alpha)
+    assert any(not np.array_equal(merged[k], params[k]) for k in params)
+
+    # step 1's loss is computed before any update: the LoRA program (B = 0) computes the base
+    # model's loss on the same windows (same seed) as the full finetune's first step
+    assert rl["curve"][0]["step"] == rf["curve"][0]["step"] == 1
+    assert rl["curve"][0]["train"] == pytest.approx(rf["curve"][0]["train"], abs=1e-6)
+    assert rl["curve"][-1]["val"] < rl["curve"][0]["val"]
+
+
+@pytest.mark.slow
+def test_lora_resume_is_bit_exact(base, text, runs, tmp_path, capsys):
+    """2 steps, checkpoint, resume, 2 more == the 4 steps of the LoRA run (its options, so its
+    compiled kernels are reused; the perplexity does not touch the training)."""
+    cfg = base[0]
+    args = ["finetune", MODEL, "--text", text, *LORA, "--no-ppl", *SMALL]
+    a, b, ck = runs["adapter"], tmp_path / "b.gguf", tmp_path / "b.ckpt"
+    assert cli.main([*args, "--steps", "2", "--out", str(b), "--checkpoint", str(ck)]) == 0
+    capsys.readouterr()
+    assert cli.main([*args, "--steps", "4", "--out", str(b), "--resume", str(ck),
+                     "--checkpoint", str(ck)]) == 0
+    assert _json(capsys)["steps"] == 4
+    pa, alpha_a = read_adapter(a, cfg)
+    pb, alpha_b = read_adapter(b, cfg)
+    assert alpha_a == alpha_b == 2.0 and set(pa) == set(pb)
+    for k in pa:
+        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
+    # a resume against another base model is refused
+    other = tmp_path / "other.gguf"
+    from jitgraph.models.llama import write_llama
+    write_llama(other, *base[:2], base[2], name="other")
+    assert cli.main(["finetune", str(other), "--text", text, "--lora-rank", "2", "--steps", "5",
+                     "--out", str(b), "--resume", str(ck), "--quiet"]) == 2
+    assert "another base model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--steps", "2"], ["one of the arguments --lora-rank --full is required"]),
+    (["--full", "--lora-rank", "2"], ["not allowed with argument"]),
+    (["--lora-rank", "2", "--lora-targets", "q,x"], ["argument --lora-targets", "'q,x'"]),
+    (["--lora-rank", "0"], ["argument --lora-rank", ">= 1"]),
+])
+def test_usage_errors(capsys, argv, words, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["finetune", MODEL, "--out", str(tmp_path / "o.gguf"), *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+
+
+def test_input_errors(base, capsys, tmp_path):
+    out = str(tmp_path / "o.gguf")
+    assert cli.main(["finetune", MODEL, "--full", "--ctx", "4096", "--out", out]) == 2
+    assert "--ctx 4096 exceeds the model's context length 2048" in capsys.readouterr().err
+    assert cli.main(["finetune", str(tmp_path / "none.gguf"), "--full", "--out", out]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert cli.main(["finetune", MODEL, "--full", "--lora-alpha", "4", "--out", out]) == 2
+    assert "--lora-alpha" in capsys.readouterr().err
+    assert cli.main(["finetune", MODEL, "--full", "--out", str(tmp_path / "no" / "o.gguf")]) == 2
+    assert "--out" in capsys.readouterr().err
