@@ -8,12 +8,17 @@ H200 including cold compiles:
    train llama` default config: byte vocabulary, width 128, 4 layers, 4 heads, context 128,
    batch 16) training steps (AdamW) compiled for target="cuda" against the same programs on
    target="cpu": the same initial params, the same batches, several steps; the loss each step
-   and every param after them within float tolerance (FP32; the CUDA GEMM is the tiled numba
-   kernel, so no TF32 yet);
+   and every param after them within float tolerance (FP32; GEMMs through cuBLASLt with TF32
+   when nvmath-python and CuPy are importable, runtime/cuda/gemm.py, else the numba kernel);
 2. step times, the batch uploaded from host memory every step by every system: jitgraph cuda,
    jitgraph cpu, and for the MNIST models PyTorch on the same GPU when importable: eager,
    torch.compile (default) and torch.compile(mode="reduce-overhead") (CUDA graphs), TF32
    allowed for PyTorch (no PyTorch llama here yet: bench/llama_peers.py has the CPU peers).
+
+The jitgraph cuda rows: the default (CUDA graph replay from the second step,
+runtime/cuda/graphs.py; cuBLASLt GEMMs where available), plain stream launches
+(JITGRAPH_CUDA_GRAPHS=0) and the numba tiled GEMM (JITGRAPH_CUDA_GEMM=numba); each row's note
+names its GEMM library, its graph captures and replays, and a capture's fallback reason.
 
 Prints one table per model; exits 1 when a correctness check fails. `--quick` runs fewer
 steps; `--models fc,cnn` picks models.
@@ -198,6 +203,30 @@ def torch_rows(args, torch_model, data):
     return rows
 
 
+def _how(prog) -> str:
+    """The GEMM library and the CUDA-graph state of a cuda program (after its steps)."""
+    st = prog.stats()
+    gs = prog._products.driver.graph_stats
+    return (f"{st['gemm_library']}; graphs {gs['mode']}: {gs['captures']} captured, "
+            f"{gs['replays']} replays{'; fallback ' + gs['fallback'] if gs['fallback'] else ''}")
+
+
+def _compiled_with(env, jg, graph):
+    """The cuda training program compiled under the environment variables `env`."""
+    import os
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return jg.compile(graph(), target="cuda", loss="loss",
+                          optimizer=jg.optim.AdamW(lr=1e-3))
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def table(title, rows):
     print(f"\n== {title} ==")
     print(f"  {'system':<32} {'ms/step':>10} {'vs cuda':>8}  note")
@@ -227,7 +256,15 @@ def main(argv=None) -> int:
         print("\n".join("  " + ln for ln in lines))
         data = feeds(8, 2)
         rows = [("jitgraph cuda", timed(lambda f: gpu.step(**f), data, args.warmup,
-                                        args.steps), "")]
+                                        args.steps), _how(gpu))]
+        for env, label in (({"JITGRAPH_CUDA_GRAPHS": "0"}, "jitgraph cuda, plain launches"),
+                           ({"JITGRAPH_CUDA_GEMM": "numba"}, "jitgraph cuda, numba GEMM")):
+            try:
+                other = _compiled_with(env, jg, graph)
+                rows.append((label, timed(lambda f: other.step(**f), data, args.warmup,
+                                          args.steps), _how(other)))
+            except Exception as e:    # noqa: BLE001 - a row that could not run says why
+                rows.append((label, f"failed: {type(e).__name__}: {str(e)[:80]}", ""))
         if not args.no_cpu_timing:
             rows.append(("jitgraph cpu", timed(lambda f: cpu.step(**f), data,
                                                min(args.warmup, 2), min(args.steps, 10)), ""))

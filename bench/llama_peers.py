@@ -425,7 +425,7 @@ def compile_probe(layer_counts):
 
 
 # ---- finetuning stories260K (LoRA and full), when jitgraph.lora exists --------------------------
-FT_BATCH, FT_SEQ, FT_RANK = 8, 128, 8
+FT_BATCH, FT_SEQ, FT_RANK = 16, 128, 8          # issue 18: batch 16 windows of 128 (+1)
 
 
 def finetune_rows(steps, text_path, block):

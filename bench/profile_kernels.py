@@ -6,7 +6,9 @@ Calls each kernel's C entry point on the program's own buffers (after one real s
 the median time per kernel, slowest first, next to the whole step's median. By default each
 kernel runs 20 times in a row (its data hot in cache); with --in-order the kernels run in step
 order, one pass per step, as the driver runs them (each kernel finds the caches as the kernels
-before it left them), and are listed in that order."""
+before it left them), and are listed in that order. With --cpu each kernel is timed by the
+thread's CPU time instead of the wall clock: on a busy shared machine that is the kernel's own
+cost (exact with JITGRAPH_NUM_THREADS=1; with more threads it misses the other threads' work)."""
 import sys
 import time
 
@@ -27,6 +29,11 @@ def profile(prog, inputs, repeat=20, in_order=False):
 
 if __name__ == "__main__":
     import jitgraph as jg
+    if "--cpu" in sys.argv:
+        import types
+
+        import jitgraph.cli.roofline as roofline
+        roofline.time = types.SimpleNamespace(perf_counter=time.thread_time)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     from jitgraph.cli.workloads import WORKLOADS
     if args and args[0] in WORKLOADS:

@@ -164,6 +164,10 @@ class World:
         """Print `msg` and end the whole job (MPI_Abort; should that return, this process)."""
         print(f"jitgraph: rank {self.rank} of {self.size}: {msg}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        # mpiexec forwards a rank's output asynchronously and MPI_Abort kills the job at once:
+        # wait a moment so the message is not lost (rank 0 first: when every rank fails the
+        # same way, its message is the one the user reads)
+        time.sleep(0.5 if self.rank == 0 else 1.5)
         try:
             self.comm.Abort(code)
         finally:

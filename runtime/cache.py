@@ -11,9 +11,10 @@ ignores options). Files are compiled with numba `cache=True`, whose machine code
 
 Each file's first line is a checksum of the rest: a truncated or edited file is detected and
 rewritten, and its numba cache files are dropped. Layout: $JITGRAPH_CACHE_DIR (default
-~/.cache/jitgraph) / v<format> / {k,d}_<hash>.py. When that directory cannot be created or
-written, one RuntimeWarning says so and the process compiles into a private temporary cache
-(removed at exit) instead.
+~/.cache/jitgraph) / v<format> / k_<hash>.py (kernels) and d_<hash>.ll (drivers: LLVM IR that
+llvmlite compiles in each process, in ~0.1 s; runtime/backend.Driver). When that
+directory cannot be created or written, one RuntimeWarning says so and the process compiles
+into a private temporary cache (removed at exit) instead.
 
 `set_progress(fn)` installs a callback `fn(done, total)` that hears of each kernel a driver
 loads or compiles (a front end's progress bar).
@@ -35,7 +36,7 @@ from pathlib import Path
 
 FORMAT = 1
 _RUNTIME_CPU = (Path(__file__).parent / "cpu").resolve()   # the CPU runtime's sources
-_CHECK = "# jitgraph-checksum: "
+_CHECK = "# jitgraph-checksum: "     # the first line of a .py module; ";" for .ll (LLVM IR)
 
 
 def cache_dir() -> Path:
@@ -136,13 +137,17 @@ def _checksum(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _check(path: Path) -> str:
+    return (";" + _CHECK[1:]) if path.suffix == ".ll" else _CHECK
+
+
 def _is_valid(path: Path, text: str) -> bool:
     try:
         data = path.read_text()
     except (OSError, UnicodeDecodeError):
         return False
     head, _, rest = data.partition("\n")
-    return head == _CHECK + _checksum(rest) and rest == text
+    return head == _check(path) + _checksum(rest) and rest == text
 
 
 def purge(path: Path) -> None:
@@ -154,17 +159,18 @@ def purge(path: Path) -> None:
             pass
 
 
-def store(name: str, text: str) -> tuple[Path, bool]:
-    """Make sure module `name` holds `text` on disk; returns (path, True if it was (re)written).
-    Written atomically, so concurrent processes never see half a file."""
-    path = cache_dir() / f"{name}.py"
+def store(name: str, text: str, suffix: str = ".py") -> tuple[Path, bool]:
+    """Make sure module `name` holds `text` on disk (a Python module, or LLVM IR with suffix
+    ".ll"); returns (path, True if it was (re)written). Written atomically, so concurrent
+    processes never see half a file."""
+    path = cache_dir() / f"{name}{suffix}"
     if _is_valid(path, text):
         return path, False
     purge(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(_CHECK + _checksum(text) + "\n" + text)
+            f.write(_check(path) + _checksum(text) + "\n" + text)
         os.replace(tmp, path)
     except BaseException:       # no stray temporary file, whatever stopped the write
         try:
@@ -189,61 +195,47 @@ def load(path: Path, fresh: bool = False):
 
 COUNTS = Counter()   # kernels "compiled" and "loaded" (from numba's disk cache)
 _progress = None     # set_progress's callback
-_rounds = {}         # driver file -> [kernels done, kernels in it]
 
 
 def set_progress(fn):
-    """Install `fn(done, total)` (None: none), called while a driver is imported: (0, total) before
-    its first kernel, then after each kernel is compiled or loaded. Returns the previous one."""
+    """Install `fn(done, total)` (None: none), called while a driver's kernels load: (0, total)
+    before the first kernel, then after each kernel is compiled or loaded. Returns the previous
+    one."""
     global _progress
     old, _progress = _progress, fn
     return old
 
 
-def _report(driver_file, after):
+def _call_progress(done, total):
     if _progress is None:
         return
-    r = _rounds.get(driver_file)
-    if r is None:
-        try:     # generated drivers declare each kernel on a line `name = entry(__file__, ...)`
-            total = Path(driver_file).read_text().count("= entry(__file__,")
-        except OSError:
-            return
-        r = _rounds[driver_file] = [0, total]
-        _call_progress(0, total)
-    if after:
-        r[0] += 1
-        r[1] = max(r[1], r[0])
-        _call_progress(*r)
-        if r[0] >= r[1]:
-            del _rounds[driver_file]
-
-
-def _call_progress(done, total):
     try:
         _progress(done, total)
     except Exception:       # a broken progress display never stops compiling
         pass
 
 
-def entry(driver_file: str, name: str, nargs: int):
-    """Load kernel module `name` beside a driver (compiling its cfunc, or loading it from numba's
-    cache), register its address as the symbol `jitgraph_<name>` and return the declaration
-    the driver calls it through (generated drivers call this at import)."""
+def load_kernels(paths, fresh: bool = False) -> dict:
+    """Load the kernel modules at `paths` (compiling each one's cfunc, or loading it from
+    numba's cache), register each kernel's address as the symbol `jitgraph_<name>` (what the
+    drivers call) and return {name: address}."""
     from llvmlite import binding
-    from numba import types
     from numba.np.ufunc.parallel import _launch_threads
     _launch_threads()   # cached parallel kernels need the thread pool's symbols
-    modname = f"jitgraph_cache.{name}"
-    _report(driver_file, after=False)
-    fn = getattr(load(Path(driver_file).parent / f"{name}.py"), name)
-    _report(driver_file, after=True)
-    if modname not in _SEEN:
-        _SEEN.add(modname)
-        COUNTS["loaded" if fn.cache_hits else "compiled"] += 1
-    symbol = f"jitgraph_{name}"
-    binding.add_symbol(symbol, fn.address)
-    return types.ExternalFunction(symbol, types.void(*[types.intp] * nargs))
+    paths = list(paths)
+    _call_progress(0, len(paths))
+    out = {}
+    for i, path in enumerate(paths):
+        name = path.stem
+        modname = f"jitgraph_cache.{name}"
+        fn = getattr(load(path, fresh), name)
+        if modname not in _SEEN:
+            _SEEN.add(modname)
+            COUNTS["loaded" if fn.cache_hits else "compiled"] += 1
+        binding.add_symbol(f"jitgraph_{name}", fn.address)
+        out[name] = fn.address
+        _call_progress(i + 1, len(paths))
+    return out
 
 
 _SEEN = set()

@@ -108,3 +108,23 @@ def test_compiled_steps_agree_under_scipy_backend():
             "t.test_cnn_block_matches_interpreter()\n"
             "print(prog.stats()['gemm_library'])")
     assert _run(code, JITGRAPH_BLAS="scipy") == "scipy: scipy.linalg.cython_blas"
+
+
+@pytest.mark.parametrize("bound", [0, 2 ** 12, 2 ** 26, 2 ** 40])
+def test_serial_gemm_bound_keeps_results(bound):
+    """GEMMs at or under blas.set_serial_max's bound run on one BLAS thread (the others as
+    OpenBLAS decides): every setting gives float64 numpy's product, on sizes either side of
+    the bound, and the previous bound comes back."""
+    from jitgraph.runtime.cpu import blas
+    rng = np.random.default_rng(3)
+    was = blas.set_serial_max(bound)
+    try:
+        for m, n, k in ((8, 8, 8), (64, 48, 40), (200, 96, 130)):
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            b = rng.standard_normal((n, k)).astype(np.float32)
+            c = np.full((m, n), 3.0, np.float32)
+            blas.gemm_f32(False, True, 1.0, a, b, 0.0, c)
+            want = a.astype(np.float64) @ b.astype(np.float64).T
+            np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * k)
+    finally:
+        assert blas.set_serial_max(was) == bound

@@ -255,7 +255,7 @@ def test_ir_stages_dump_and_stats(tmp_path, monkeypatch):
         assert prog.ir(stage)
         assert (tmp_path / f"{stage}.txt").read_text().strip() == prog.ir(stage).strip()
     src = prog.ir("kernels")
-    assert "= matmul(x, w1)" in src and "@cfunc(" in src and "def d_" in src
+    assert "= matmul(x, w1)" in src and "@cfunc(" in src and "define void @d_" in src
     s = prog.stats()
     assert s["calls_per_step"] >= s["kernels"] > 0
     assert s["arena_bytes"] > 0 and s["persistent_bytes"] >= 4 * (13 * 11 + 11 + 11 * 5 + 5)

@@ -208,6 +208,11 @@ def test_rope(dt):
         back = call(lib.rope_back, [call(lib.rope, [x, pos], x, 1e4, mode == "neox"), pos], x,
                     1e4, mode == "neox")
         close(back, x, 50 * tol)                             # rope_back inverts rope
+        # the kernels programs call: the cos/sin table in caller-given scratch (garbage-filled)
+        work = np.full(lib.workspace_size_rope(x.shape, pos.shape), np.nan, dtype)
+        for op in ("rope", "rope_back"):
+            got = call(getattr(lib, op + "_work"), [x, pos], x, work, 500.0, mode == "neox")
+            close(got, ref(op, x, pos, theta=500.0, mode=mode), tol)
 
 
 def test_causal_mask(dt):

@@ -60,16 +60,19 @@ def signatures(gen):
     return sigs
 
 
-def compile_all(gen, tmp_path):
+def compile_all(gen, tmp_path, ops=None):
     """{kernel: (registers, spill bytes, stack frame bytes), None each without ptxas}; fails on
-    any compile error."""
+    any compile error. ops: only the kernels of KernelGraph kernels rooted at these ops."""
     from numba import cuda
     ns = {}
     exec(compile(gen.source, "<jitgraph cuda kernels>", "exec"), ns)
     tool, out = ptxas(), {}
     for name, sig in signatures(gen).items():
+        if ops is not None and gen.kinds.get(name, (None, None))[1] not in ops:
+            continue
         ptx, _ = cuda.compile_ptx(ns[name], sig, cc=(9, 0))
         assert ".target sm_90" in ptx and ".entry" in ptx, name
+        gen.ptx = {**getattr(gen, "ptx", {}), name: ptx}
         if tool is None:
             out[name] = (None, None, None)
             continue
@@ -121,12 +124,40 @@ def test_training_program_kernels_assemble_for_sm90(which, tmp_path):
     assert not spilled, f"kernels spilling registers: {spilled}"
 
 
-def test_an_op_without_a_lowering_names_op_and_node():
-    """An op the CUDA backend has no kernel for yet (concat): generation stops with an error
-    naming the op and the node (never a silent wrong program)."""
+@pytest.mark.slow
+def test_decode_program_kernels_assemble_for_sm90(tmp_path):
+    """The decode program's kernels (jitgraph/models/generate.py, F16 KV cache: set_rows into
+    the cache, kv_attention, round_f16's cvt.rn.f16) and a partial-rope llama training step
+    (slice, concat and their gradients: pad) compile to sm_90 PTX and assemble without
+    spills."""
+    from jitgraph.models.generate import llama_decoder
+    from jitgraph.models.llama import LlamaConfig, llama_forward
+    cfg = LlamaConfig(vocab=64, dim=64, layers=1, heads=4, kv_heads=2, ff=128, ctx=64,
+                      rope_dims=8)
+    for title, g, opts, ops in (
+            ("llama_decode1", llama_decoder(cfg, 1, 32, True), {}, None),
+            ("llama_partial_rope (its shape kernels)", llama_forward(cfg, 2, 16, labels=True),
+             dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-3)),
+             {"slice", "concat", "pad", "slice_back"})):
+        gen = generated(g, **opts)
+        res = compile_all(gen, tmp_path, ops)
+        report(title, gen, res)
+        assert len(res) == len(gen.kernels) if ops is None else \
+            {gen.kinds[k][1] for k in res} >= {"slice", "concat", "pad"}
+        spilled = {k: s for k, (_, s, _) in res.items() if s}
+        assert not spilled, f"{title}: kernels spilling registers: {spilled}"
+        if title == "llama_decode1":
+            assert any("cvt.rn.f16.f32" in src for src in gen.ptx.values())
+
+
+def test_an_op_without_a_lowering_names_op_and_node(monkeypatch):
+    """An op the CUDA backend has no kernel for (concat, its rule removed here): generation
+    stops with an error naming the op and the node (never a silent wrong program)."""
     from jitgraph import ops
     from jitgraph.ir import Graph
+    from jitgraph.runtime.cuda import table
     from jitgraph.runtime.cuda.codegen import Unsupported
+    monkeypatch.delitem(table.TABLE, "concat")
     g = Graph("concat")
     a = g.input("a", (4, 6))
     g.output(y=ops.concat([a, ops.exp(a)], axis=1))

@@ -18,6 +18,7 @@ import jitgraph as jg
 from jitgraph import init, ops
 from jitgraph.interp import run as interp
 from jitgraph.ir import Graph
+from jitgraph.ops.common import apply
 
 HAVE = importlib.util.find_spec("numba_cuda") is not None
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -190,6 +191,21 @@ def _forward_cases():
     g.output(l1=ops.cross_entropy(lg, y), l2=ops.cross_entropy(lg, t),
              c=ops.count_equal(ops.argmax(lg, -1), y))
     cases.append(g)
+    g = Graph("shapes")
+    a, b = g.input("a", (3, 4, 5)), g.input("b", (3, 2, 5))
+    g.output(c1=ops.concat([a, b, a * 2.0], axis=1), c0=ops.concat([a, a], axis=0),
+             s=ops.slice(a, (1, 3), (3, None, -2), (None, None, 2)),
+             p=ops.pad(ops.exp(b), [(1, 0), (0, 2), (2, 1)], value=-1.5),
+             h=ops.round_f16(a * 1000.0 + 0.3),
+             sb=apply("slice_back", b, shape=(4, 3, 5), slices=((3, 0, -1), (1, 3, 1), (0, 5, 1))))
+    cases.append(g)
+    g = Graph("kv")
+    kt, vt = g.input("kt", (2, 4, 6)), g.input("vt", (2, 4, 6))
+    q, i, r = g.input("q", (3, 4, 4)), g.input("i", (3,), "i32"), g.input("r", (2, 4, 3))
+    k2 = ops.set_rows(kt, i, r, axis=2)
+    g.output(k2=k2, v2=ops.set_rows(vt, i, r * 3.0, axis=2, f16=True),
+             o=ops.kv_attention(q, k2, vt, i), o16=ops.kv_attention(q, kt, vt, i, f16=True))
+    cases.append(g)
     return cases
 
 
@@ -197,7 +213,9 @@ def _feed(g, rng):
     out = {}
     for k, i in g.inputs.items():
         t = g.nodes[i].type
-        if t.dtype == "i32":
+        if g.name == "kv" and k == "i":     # positions / cache rows, one repeated
+            out[k] = np.array([4, 1, 4], np.int32)
+        elif t.dtype == "i32":
             out[k] = rng.integers(0, 7, t.shape).astype(np.int32)   # rows of the tables
         elif k == "t":
             p = rng.random(t.shape).astype(np.float32)
@@ -221,12 +239,15 @@ def test_kernel_kinds_against_the_interpreter(fuse):
 
 
 @sim_only
-def test_an_op_without_a_cuda_lowering_is_a_compile_error():
+def test_an_op_without_a_cuda_lowering_is_a_compile_error(monkeypatch):
+    from jitgraph.runtime.cuda import table
+    monkeypatch.delitem(table.TABLE, "concat")      # as if concat had no lowering
     g = Graph("rows")
     a = g.input("a", (4, 6))
     g.output(p=ops.concat([a, a * 2.0], axis=0))
     with pytest.raises(NotImplementedError, match=r"op concat has no CUDA lowering.*node %"):
         jg.compile(g, target="cuda")
+    monkeypatch.undo()
     g = Graph("rows0")
     a = g.input("a", (4, 6))
     g.output(p=ops.softmax(a, 0))
@@ -328,10 +349,199 @@ def test_cnn_block_trains_as_on_the_cpu():
     opt = dict(loss="loss", optimizer=jg.optim.SGD(lr=0.1))
     cpu, gpu = jg.compile(cnn_graph(), **opt), jg.compile(cnn_graph(), target="cuda", **opt)
     rng = np.random.default_rng(6)
-    for s in range(2):
-        x = rng.standard_normal((2, 2, 6, 6)).astype(np.float32)
-        y = rng.integers(0, 4, 2).astype(np.int32)
-        np.testing.assert_allclose(gpu.step(x=x, y=y)["loss"], cpu.step(x=x, y=y)["loss"],
-                                   rtol=1e-5, err_msg=f"step {s}")
+    # one step (the simulator's slowest test; a forward on updated device params is the MLP's)
+    x = rng.standard_normal((2, 2, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 4, 2).astype(np.int32)
+    np.testing.assert_allclose(gpu.step(x=x, y=y)["loss"], cpu.step(x=x, y=y)["loss"], rtol=1e-5)
     for k in cpu.params:
         np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def _same_params(progs, seed, scale=0.4):
+    """The same random values (norms near 1) into each program's params."""
+    rng = np.random.default_rng(seed)
+    for k in progs[0].params:
+        if k.startswith("cache/"):
+            continue
+        shape = progs[0].params[k].shape
+        v = (1.0 + 0.1 * rng.standard_normal(shape) if k.endswith("norm.weight") else
+             scale * rng.standard_normal(shape)).astype(np.float32)
+        for p in progs:
+            p.params[k] = v
+
+
+@sim_only
+def test_partial_rope_llama_and_lora_steps_match_the_cpu_target():
+    """A 1-layer llama with rope on part of each head (slice, concat, and their gradients)
+    trained with AdamW, then a LoRA step on it (jg.lora: frozen weights, adapters
+    on q and v): loss and params equal to the CPU target's."""
+    from jitgraph.models.llama import LlamaConfig, llama_forward
+    cfg = LlamaConfig(vocab=11, dim=8, layers=1, heads=2, ff=8, ctx=8, rope_dims=2)
+    rng = np.random.default_rng(8)
+    pos = np.arange(4, dtype=np.int32)
+    for graph in (lambda: llama_forward(cfg, 1, 4, labels=True),
+                  lambda: jg.lora(llama_forward(cfg, 1, 4, labels=True), rank=2, alpha=4.0)):
+        opt = dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-2))
+        cpu, gpu = jg.compile(graph(), **opt), jg.compile(graph(), target="cuda", **opt)
+        used = {getattr(n, "op", None) for n in cpu._products.graph.nodes}
+        assert {"slice", "concat"} <= used, used
+        _same_params([cpu, gpu], 9)
+        for s in range(2):
+            tok = rng.integers(0, 11, (1, 4)).astype(np.int32)
+            lab = rng.integers(0, 11, (1, 4)).astype(np.int32)
+            rc = cpu.step(tokens=tok, pos=pos, labels=lab)
+            rg = gpu.step(tokens=tok, pos=pos, labels=lab)
+            np.testing.assert_allclose(rg["loss"], rc["loss"], rtol=1e-5, err_msg=f"step {s}")
+        for k in cpu.params:
+            np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-4, atol=1e-6,
+                                       err_msg=k)
+
+
+@sim_only
+def test_decode_and_prefill_steps_match_the_cpu_target():
+    """jitgraph/models/generate.py's programs: a prefill chunk and decode steps sharing the
+    weights and the KV cache (compile(share=)), positions fed at run time (set_rows into the
+    cache params in place, kv_attention over the filled rows, round_f16 with kv_f16): the
+    logits of every call and the caches equal to the CPU target's."""
+    from jitgraph.models.generate import llama_decoder
+    from jitgraph.models.llama import LlamaConfig
+    cfg = LlamaConfig(vocab=13, dim=8, layers=1, heads=2, kv_heads=1, ff=16, ctx=8)
+    kv_f16 = True
+    progs = {}
+    for target in ("cpu", "cuda"):
+        dec = jg.compile(llama_decoder(cfg, 1, 6, kv_f16), target=target, copy_outputs=False)
+        pre = jg.compile(llama_decoder(cfg, 3, 6, kv_f16, last=True), target=target,
+                         copy_outputs=False, share=dec)
+        progs[target] = (dec, pre)
+    _same_params([progs["cpu"][0], progs["cuda"][0]], 3)
+    calls = [("pre", [5, 2, 9], [0, 1, 2], 2), ("dec", [7], [3], None), ("dec", [1], [4], None),
+             ("pre", [4, 4, 0], [5, 6, 6], 0)]   # the last: one real token, padding at the
+    for which, tok, pos, last in calls:            # scratch row (position ctx)
+        feed = dict(tokens=np.array([tok], np.int32), pos=np.array(pos, np.int32))
+        if last is not None:
+            feed["last"] = np.array([last], np.int32)
+        got = {t: np.array(progs[t][0 if which == "dec" else 1].step(**feed)["logits"])
+               for t in progs}
+        np.testing.assert_allclose(got["cuda"], got["cpu"], rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{which} at {pos}")
+    dc, dg = progs["cpu"][0], progs["cuda"][0]
+    for k in ("cache/k/0", "cache/v/0"):
+        np.testing.assert_allclose(dg.params[k], dc.params[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert np.abs(dg.params["cache/k/0"][..., :7]).min(axis=(0, 1)).max() > 0   # rows written
+
+
+@pytest.mark.skipif(SIM, reason="the simulator is on in this process")
+def test_cli_target_cuda_without_a_gpu_is_a_usage_error():
+    """`--target cuda` where no GPU is: exit status 2 and the cause, before compiling;
+    `--device` without it: a usage error too."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    code = ("import sys; from jitgraph.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "dump", "mnist-fc", "--target", "cuda"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode == 0:
+        pytest.skip("a CUDA device is present here")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "jitgraph dump: error: target cuda: no CUDA GPU found" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", code, "dump", "mnist-fc", "--device", "1"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--device 1: only with --target cuda" in r.stderr, r.stderr
+
+
+@sim_only
+def test_cli_dump_compiles_for_the_cuda_target(capsys):
+    """`jitgraph dump MODEL --target cuda` compiles with the CUDA backend (its launch listing);
+    `--device 1` names the simulator's single device."""
+    from jitgraph.cli import main
+    assert main(["dump", "mnist-fc", "--batch-size", "4", "--target", "cuda", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# jitgraph CUDA step for graph") and "cuda.grid(1)" in out
+    assert main(["dump", "mnist-fc", "--target", "cuda", "--device", "1", "--quiet"]) == 2
+    assert "the CUDA simulator has device 0 only" in capsys.readouterr().err
+
+
+@sim_only
+def test_cuda_graph_replay_logic_with_the_recording_stand_in(monkeypatch):
+    """JITGRAPH_CUDA_GRAPHS=record (runtime/cuda/graphs.py): the first step of each phase runs
+    plainly, the next captures its launches once, every later step replays them; a program with
+    an update hook has one graph per phase; the results stay the CPU target's. A capture that
+    fails falls back to plain launches, saying why."""
+    from jitgraph.runtime.cuda import graphs
+
+    def halve(grads):
+        for k in grads:
+            grads[k][...] = np.asarray(grads[k]) * 0.5
+    monkeypatch.setenv("JITGRAPH_CUDA_GRAPHS", "record")
+    opt = dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-2), hook=halve)
+    cpu, gpu = jg.compile(mlp(), **opt), jg.compile(mlp(), target="cuda", **opt)
+    plain = jg.compile(mlp(), target="cuda", loss="loss", optimizer=jg.optim.SGD(lr=0.1))
+    drv = gpu._products.driver
+    assert gpu.stats()["cuda_graphs"] == "record"
+    for s in range(3):
+        x, y = batch(20 + s)
+        np.testing.assert_allclose(gpu.step(x=x, y=y)["loss"], cpu.step(x=x, y=y)["loss"],
+                                   rtol=1e-5, err_msg=f"step {s}")
+    assert drv.graph_stats == {"mode": "record", "captures": 2, "replays": 4, "fallback": None}
+    for k in cpu.params:
+        np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-5, atol=1e-6)
+    # a new arena binding (another buffer behind an output) is captured again
+    out = {"logits": np.empty((8, 5), np.float32)}
+    drv._key = None
+    gpu.step_into(out, x=x, y=y)
+    assert drv.graph_stats["captures"] == 4
+    # a capture the driver refuses: plain launches from then on, the reason kept
+    def refuse(self, stream, issue):
+        raise RuntimeError("capture refused")
+    monkeypatch.setattr(graphs.Recorder, "capture", refuse)
+    ref = jg.compile(mlp(), loss="loss", optimizer=jg.optim.SGD(lr=0.1))
+    for s in range(3):
+        x, y = batch(30 + s)
+        np.testing.assert_allclose(plain.step(x=x, y=y)["loss"], ref.step(x=x, y=y)["loss"],
+                                   rtol=1e-5)
+    st = plain._products.driver.graph_stats
+    assert st["fallback"] == "RuntimeError: capture refused" and st["replays"] == 0
+    monkeypatch.setenv("JITGRAPH_CUDA_GRAPHS", "0")
+    assert jg.compile(mlp(), target="cuda").stats()["cuda_graphs"] == "plain"
+    monkeypatch.setenv("JITGRAPH_CUDA_GRAPHS", "yes")
+    with pytest.raises(ValueError, match="JITGRAPH_CUDA_GRAPHS='yes': expected 0, 1 or record"):
+        jg.compile(mlp(), target="cuda")
+
+
+@sim_only
+def test_gemm_library_seam_runs_every_marked_gemm(monkeypatch):
+    """runtime/cuda/gemm.py: every non-batched GEMM launch carries a GemmSpec the driver hands
+    to a library in place of the numba kernel. A numpy stand-in for nvmath's Matmul, reading
+    only the spec and the launch's arrays, gives the CPU target's training steps (so the spec
+    says what the kernel computes); the simulator itself picks the numba kernels."""
+    from jitgraph.runtime.cuda import gemm
+    assert jg.compile(mlp(), target="cuda").stats()["gemm_library"].startswith("numba tiled")
+    calls = []
+
+    class HostGemm:
+        def __init__(self, spec, stream):
+            self.spec = spec
+
+        def __call__(self, a, b, c):
+            s = self.spec
+            x, w = a.copy_to_host(), b.copy_to_host()
+            x, w = (x.T if s.ta else x), (w.T if s.tb else w)
+            assert x.shape == (s.M, s.K) and w.shape == (s.K, s.N) and c.shape == (s.M, s.N)
+            c.copy_to_device(np.ascontiguousarray(x @ w, dtype=c.dtype))
+            calls.append(s)
+    monkeypatch.setattr(gemm, "library", lambda simulator: "nvmath")
+    monkeypatch.setattr(gemm, "NvmathGemm", HostGemm)
+    opt = dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-2))
+    cpu, gpu = jg.compile(mlp(), **opt), jg.compile(mlp(), target="cuda", **opt)
+    assert gpu.stats()["gemm_library"] == "cuBLASLt (nvmath-python Matmul)"
+    for s in range(2):
+        x, y = batch(40 + s)
+        np.testing.assert_allclose(gpu.step(x=x, y=y)["loss"], cpu.step(x=x, y=y)["loss"],
+                                   rtol=1e-5)
+    for k in cpu.params:
+        np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-5, atol=1e-6)
+    # forward 2 GEMMs, backward 3 (no input gradient for x): all through the stand-in
+    assert len(calls) == 2 * 5 and {(c.ta, c.tb) for c in calls} >= {(False, False)}
+    monkeypatch.undo()
+    monkeypatch.setenv("JITGRAPH_CUDA_GEMM", "cublas")
+    with pytest.raises(ValueError, match="JITGRAPH_CUDA_GEMM='cublas': expected auto, numba"):
+        jg.compile(mlp(), target="cuda")

@@ -100,4 +100,4 @@ def test_dump_prints_each_stage(capsys):
     assert "update fc1.weight <- " in opt and "state(" in opt
     assert cli.main(["dump", "mnist-fc", "--stage", "kernels"]) == 0
     src = capsys.readouterr().out
-    assert "matmul" in src and "# %" in src
+    assert "matmul" in src and "; %" in src

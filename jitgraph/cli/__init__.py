@@ -270,12 +270,13 @@ def _train_ranks(args, world):
                                world.local_batch(args.batch_size))
     acc = lb // args.batch_size
     opt = optim.AdamW(lr=args.lr, accumulate=acc)
+    target = compile_target(args)
     t0 = time.perf_counter()
 
     def build():
         prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
                           plan_memory=not args.no_plan, seed=args.seed,
-                          hook=None if world is None else world.hook)
+                          hook=None if world is None else world.hook, target=target)
         return prog, Trainer(prog, train_ds, batch_size=args.batch_size,
                              logical_batch=args.logical_batch, val_split=args.val_split,
                              seed=args.seed, world=world)
@@ -375,6 +376,7 @@ def _perplexity(args):
         raise ValueError("--text FILE is required: the text to score (e.g. "
                          "../shared/data/text/tinyshakespeare.txt)")
     _check_model_file(args.text, "--text")
+    target = compile_target(args)
     lora = _read_lora(args, model[0])
     text = split_text(args.text, args.split)
     _say(args, f"{args.model_file}: {model[0].layers} layers, width {model[0].dim}; text "
@@ -382,7 +384,7 @@ def _perplexity(args):
     bar = None if args.quiet or not sys.stderr.isatty() else _tqdm_bar("perplexity")
     res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
                      progress=None if bar is None else bar, lora=lora,
-                     lora_scale=args.lora_scale)
+                     lora_scale=args.lora_scale, target=target)
     if bar is not None:
         bar.close()
     _say(args, res)
@@ -410,11 +412,13 @@ def _generate(args):
                          f"(llama.context_length)")
     prompt_ids = tok.encode(args.prompt, bos=tok.add_bos)
     check_context(len(prompt_ids), args.n_predict, ctx)   # before compiling anything
+    target = compile_target(args)
     lora = _read_lora(args, cfg)
     sampler = Sampler(args.temp, args.top_k, args.top_p, args.seed)
     with _compile_progress(args, "generate"):
         gen = Generator((cfg, params, tok), ctx=ctx, chunk=args.chunk,
-                        kv_f16=not args.no_kv_f16, lora=lora, lora_scale=args.lora_scale)
+                        kv_f16=not args.no_kv_f16, lora=lora, lora_scale=args.lora_scale,
+                        target=target)
     out = sys.stdout
 
     def write(text):
@@ -517,7 +521,8 @@ def _dump(args):
     with _compile_progress(args, args.model):
         prog = jg_compile(graph, loss="loss", optimizer=optim.AdamW(lr=1e-3),
                           fuse=not args.no_fuse, plan_memory=not args.no_plan,
-                          check_finite=args.stage == "guard")   # the stage check_finite adds
+                          check_finite=args.stage == "guard",   # the stage check_finite adds
+                          target=compile_target(args))
     print(prog.ir(args.stage))
     return 0
 
@@ -543,6 +548,33 @@ def add_compile_flags(p):
                    help="compile without kernel fusion (slower; for comparison)")
     p.add_argument("--no-plan", action="store_true",
                    help="one buffer per value, no memory planning (for comparison)")
+    add_target_flags(p)
+
+
+def add_target_flags(p):
+    """--target and --device: where a command's compiled programs run."""
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="where the compiled step runs: cpu (numba) or cuda (an NVIDIA GPU; "
+                        "needs the cuda extra, pip install -e '.[cuda]')")
+    p.add_argument("--device", type=_int_at_least(0), default=None, metavar="N",
+                   help="--target cuda: the GPU to run on (default: 0)")
+
+
+def compile_target(args) -> str:
+    """The target of add_compile_flags' --target / --device, checked before anything compiles:
+    a ValueError (exit 2) says why CUDA cannot run here (no numba-cuda, no GPU, no device N)."""
+    target = getattr(args, "target", "cpu")
+    device = getattr(args, "device", None)
+    if target != "cuda":
+        if device is not None:
+            raise ValueError(f"--device {device}: only with --target cuda")
+        return target
+    from ..runtime.cuda.device import select
+    try:
+        select(device or 0)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    return target
 
 
 def parser():
@@ -637,6 +669,7 @@ def parser():
                         "llama.cpp's F16 KV cache does (slower)")
     q.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     q.add_argument("--quiet", action="store_true", help="print only the JSON / the result")
+    add_target_flags(q)
     _lora_options(q)
     q.set_defaults(fn=_perplexity, parser=q)
 
@@ -675,6 +708,7 @@ def parser():
     n.add_argument("--quiet", action="store_true",
                    help="no streamed text and no summary line: only the JSON")
     _lora_options(n)
+    add_target_flags(n)
     n.set_defaults(fn=_generate, parser=n)
 
     x = command("export", "merge a LoRA adapter into a llama GGUF model, as llama.cpp's "

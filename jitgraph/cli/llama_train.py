@@ -45,7 +45,8 @@ import numpy as np
 
 from ..lora import SHORTHANDS
 from . import (EXIT_INTERRUPT, add_compile_flags, EXIT_TERMINATED, Terminated, _check_model_file,
-               _compile_progress, _float_in, _flag, _int_at_least, _Run, _say, _shown, _warn)
+               compile_target, _compile_progress, _float_in, _flag, _int_at_least, _Run, _say,
+               _shown, _warn)
 
 CKPT_KEY = "jitgraph.checkpoint"
 STATE_PREFIX = "state."
@@ -524,12 +525,13 @@ def _compile(args, graph, what, world=None):
     from .. import compile as jg_compile, optim
     acc = _accumulation(args)
     opt = optim.AdamW(lr=args.lr, weight_decay=args.weight_decay, accumulate=acc)
+    target = compile_target(args)
     t0 = time.perf_counter()
     with _compile_progress(args, what):
         prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
                           plan_memory=not args.no_plan, checkpoint=args.recompute,
                           seed=args.seed, copy_outputs=False,
-                          hook=None if world is None else world.hook)
+                          hook=None if world is None else world.hook, target=target)
     return prog, acc, time.perf_counter() - t0
 
 
@@ -909,6 +911,6 @@ def dump_llama(args):
                          f"{' (it is forward only)' if program != 'train' else ''}")
     with _compile_progress(args, f"llama {program}"):
         prog = jg_compile(graph, fuse=not args.no_fuse, plan_memory=not args.no_plan,
-                          check_finite=args.stage == "guard", **kw)
+                          check_finite=args.stage == "guard", target=compile_target(args), **kw)
     print(prog.ir(args.stage))
     return 0

@@ -218,7 +218,7 @@ class Generator:
     by lora_scale as llama.cpp's --lora-scaled does."""
 
     def __init__(self, model, ctx: int | None = None, chunk: int = 16, kv_f16: bool = True,
-                 warmup: bool = True, lora=None, lora_scale: float = 1.0):
+                 warmup: bool = True, lora=None, lora_scale: float = 1.0, target: str = "cpu"):
         from ..compiler import compile as jg_compile
         from .perplexity import load_lora, with_lora
         self.config, params, self.tokenizer = _load(model)
@@ -236,12 +236,13 @@ class Generator:
         # feed() checks token ids and positions itself (scalars, cheaper than the programs'
         # per-step index checks)
         self.decode = jg_compile(with_lora(llama_decoder(cfg, 1, ctx, kv_f16), adapter),
-                                 copy_outputs=False, check_indices=False)
+                                 copy_outputs=False, check_indices=False, target=target)
         for k, v in {**params, **(adapter[0] if adapter else {})}.items():
             self.decode.params[k] = v
         self.prefill = None if self.chunk == 1 else \
             jg_compile(with_lora(llama_decoder(cfg, self.chunk, ctx, kv_f16, last=True), adapter),
-                       copy_outputs=False, check_indices=False, share=self.decode)
+                       copy_outputs=False, check_indices=False, share=self.decode,
+                       target=target)
         self.compile_seconds = time.perf_counter() - t0
         self._tok1 = np.zeros((1, 1), np.int32)
         self._pos1 = np.zeros(1, np.int32)

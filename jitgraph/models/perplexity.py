@@ -163,8 +163,8 @@ def with_lora(graph, adapter):
 
 
 def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
-               kv_f16: bool = True, bos=None, lora=None, lora_scale: float = 1.0
-               ) -> PerplexityResult:
+               kv_f16: bool = True, bos=None, lora=None, lora_scale: float = 1.0,
+               target: str = "cpu") -> PerplexityResult:
     """Perplexity of `model` on `text` with llama.cpp's method (see the module docstring).
 
     model: a llama GGUF path, or (LlamaConfig, params[, Tokenizer]) as read_llama returns.
@@ -178,6 +178,7 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
     vocabulary adds BOS (else nothing is replaced), False: never.
     lora: a LoRA adapter applied unmerged (jitgraph.models.lora): its GGUF path or (adapter
     params, alpha); lora_scale: llama.cpp's adapter scale (--lora-scale; 0 = the base model).
+    target: the compile target ("cpu", or "cuda").
     Raises ValueError when the text has fewer than 2 * n_ctx tokens (llama.cpp's rule) or n_ctx
     is out of range."""
     from ..compiler import compile as jg_compile
@@ -223,7 +224,7 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
 
     t0 = time.perf_counter()
     prog = jg_compile(with_lora(llama_forward(cfg, batch, n_ctx, kv_f16=kv_f16), adapter),
-                      copy_outputs=False)
+                      copy_outputs=False, target=target)
     for k, v in {**params, **(adapter[0] if adapter else {})}.items():
         prog.params[k] = v
     compile_seconds = time.perf_counter() - t0

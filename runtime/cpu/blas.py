@@ -25,6 +25,7 @@ import threading
 import warnings
 
 from llvmlite import binding as llvm
+from llvmlite import ir
 from numba import cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import get_cython_function_address, intrinsic, overload
@@ -147,6 +148,67 @@ _dgemm = _extern("jitgraph_dgemm64", _address("dgemm", types.float64), types.flo
 
 _N, _T = 78, 84   # ord("N"), ord("T")
 
+# ---- one BLAS thread for small GEMMs ---------------------------------------------------------
+# OpenBLAS splits every sgemm above m*n*k = 64^3 over its threads. A GEMM of a small model (the
+# stories260K and width-128 llama steps: m*n*k <= 2^26) gains little from a second thread on
+# an idle machine, and loses a scheduling delay whenever the cores are busy: the second thread
+# must be woken and scheduled before the call returns. Measured on the shared 2-core host under
+# load (load average ~4): a 64x64 (k 2048) weight gradient took 0.2 ms on one thread, 12 ms (the
+# default OPENBLAS_THREAD_TIMEOUT) to 80 ms (timeout 4) on two; a whole stories260K finetuning
+# step 875 ms on two threads against 98 ms on one. So GEMMs with m*n*k <= SERIAL_MAX_WORK run on
+# one thread (OpenBLAS's thread count set to 1 around the call and restored: two stores, no
+# thread is created or stopped); larger ones use the configured count.
+# JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> overrides the bound (0: OpenBLAS decides alone), as does
+# set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
+SERIAL_MAX_WORK = int(os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip() or 1 << 26)
+_SERIAL_MAX = ctypes.c_int64(SERIAL_MAX_WORK)
+llvm.add_symbol("jitgraph_blas_serial_max", ctypes.addressof(_SERIAL_MAX))
+
+
+def set_serial_max(work: int) -> int:
+    """Run GEMMs with m*n*k <= work on one BLAS thread (0: leave every GEMM to OpenBLAS's
+    own choice); returns the previous bound."""
+    was = _SERIAL_MAX.value
+    _SERIAL_MAX.value = int(work)
+    return was
+
+
+@intrinsic
+def _serial_max(typingctx):
+    """The current bound (the int64 at symbol jitgraph_blas_serial_max, read at each call)."""
+    def codegen(context, builder, sig, args):
+        gv = cgutils.add_global_variable(builder.module, ir.IntType(64), "jitgraph_blas_serial_max")
+        gv.linkage = "external"
+        return builder.load(gv)
+    return types.int64(), codegen
+
+
+def _thread_count_functions():
+    """(get, set) addresses of the chosen OpenBLAS's thread count, or no-op stand-ins (scipy's
+    BLAS: its threads are left to OpenBLAS)."""
+    if _NUMPY:
+        lib, (prefix, suffix) = _NUMPY[1], _NUMPY[2]
+        names = [f"{prefix}openblas_{f}_num_threads{suffix.lstrip('_')}" for f in ("get", "set")]
+        if all(hasattr(lib, nm) for nm in names):
+            return [ctypes.cast(getattr(lib, nm), ctypes.c_void_p).value for nm in names]
+
+    @cfunc(types.int32(), nopython=True)
+    def get_one():
+        return 1
+
+    @cfunc(types.void(types.int32), nopython=True)
+    def set_none(n):
+        pass
+    _KEEP.extend((get_one, set_none))
+    return [get_one.address, set_none.address]
+
+
+_get_addr, _set_addr = _thread_count_functions()
+llvm.add_symbol("jitgraph_blas_get_threads", _get_addr)
+llvm.add_symbol("jitgraph_blas_set_threads", _set_addr)
+_get_threads = types.ExternalFunction("jitgraph_blas_get_threads", types.int32())
+_set_threads = types.ExternalFunction("jitgraph_blas_set_threads", types.void(types.int32))
+
 
 @njit(cache=True, nogil=True, inline="always")
 def _dims(ta, tb, a, b, c):
@@ -179,7 +241,13 @@ def gemm(ta, tb, alpha, a, b, beta, c):
     arrays (sgemm / dgemm)."""
     fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
     if m and n:
+        serial = m * n * k <= _serial_max()
+        was = _get_threads() if serial else 1
+        if was > 1:
+            _set_threads(1)
         _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
+        if was > 1:
+            _set_threads(was)
 
 
 gemm_f32 = gemm_f64 = gemm      # the names generated kernels import (gemm_<dtype>)

@@ -1,19 +1,21 @@
-"""CPU code generation: one C-callable entry module per kernel, one @njit driver per program.
+"""CPU code generation: one C-callable entry module per kernel, one LLVM IR driver per program.
 
 Every value lives where the memory plan put it: in one of two byte arrays — `arena` (per-step
 values) and `persist` (params and optimizer state) — at its offset, or, for the plan's regions
 "input" and "output", in a caller's array whose address is entry `pointer` of the int64 table
 `io` the executor fills each call (inputs read where they lie, outputs written into the
-caller's arrays). The driver is `DRIVER(arena, persist, io)`. Each kernel is compiled as a
-numba `cfunc` that takes buffer addresses (shapes are constants), and the driver calls the
-kernels by symbol, in order, with base address + offset: a step is one Python->native call, and
-the driver never links the kernels' code into its own, so it compiles in a fraction of a second
-and each kernel is compiled (and cached) once whatever program uses it.
-Each call is preceded by the IR node it implements, so the source reads as an IR dump.
-With an update boundary (passes/boundary.py: `kg.boundary` phase-1 kernels) the driver is
-`DRIVER(arena, persist, io, phase)`: phase 1 runs the phase-1 kernels and zeroes the plan's
-`pads` (the bytes between the gradients of a bucket), phase 2 the rest and the copies into
-params, phase 0 both.
+caller's arrays). Each kernel is compiled as a numba `cfunc` that takes buffer addresses
+(shapes are constants), and registered as the symbol `jitgraph_<name>` (runtime/cache.py). The
+driver `DRIVER(arena, persist, io)` is LLVM IR text: the straight-line calls of those symbols,
+in order, with base address + offset, then the copies into params (llvm.memcpy). A step is one
+Python->native call; the driver never links the kernels' code into its own and needs no
+optimisation, so llvmlite compiles it in ~0.1 s even at 635 calls
+(runtime/backend.Driver), and each kernel is compiled (and cached) once whatever program uses
+it. Each call is preceded by the IR node it implements as a `;` comment, so the source reads
+as an IR dump. With an update boundary (passes/boundary.py: `kg.boundary` phase-1 kernels) the
+driver is `DRIVER(arena, persist, io, phase)`: phase 1 runs the phase-1 kernels and zeroes the
+plan's `pads` (the bytes between the gradients of a bucket; llvm.memset), phase 2 the rest and
+the copies into params, phase 0 both.
 """
 from __future__ import annotations
 
@@ -112,10 +114,11 @@ def entry_module(graph, call, name_of):
 
 
 def generate(kg, plan, name_of) -> Generated:
-    """Kernel modules and driver source for a KernelGraph and its MemoryPlan."""
+    """Kernel modules and driver source (LLVM IR) for a KernelGraph and its MemoryPlan."""
     g = kg.graph
-    kernels, body, calls, work = {}, [], [], 0
+    kernels, calls, work = {}, [], 0
     work_at = -(-plan.arena_bytes // 64) * 64
+    drv = _Driver()
 
     def address(a):
         nonlocal work
@@ -133,10 +136,11 @@ def generate(kg, plan, name_of) -> Generated:
     split = kg.boundary is not None
     for k in kg.kernels:
         if split and k.id == kg.boundary:
-            body += _phase_end(plan)
+            drv.phase_end(plan)
         if k.kind != "node":
-            body.append(f"# k{k.id} [{k.kind}]")
-        body += [comment(format_node(g, g.nodes[nid]).strip()) for nid in k.nodes]
+            drv.comment(f"k{k.id} [{k.kind}]")
+        for nid in k.nodes:
+            drv.comment(format_node(g, g.nodes[nid]).strip())
         todo = lower_node(g, g.nodes[k.root], slot_of) if k.kind == "node" else \
             lower_kernel(g, kg, k, slot_of)
         for c in todo:
@@ -144,32 +148,23 @@ def generate(kg, plan, name_of) -> Generated:
             kernels[name] = (text, nargs)
             addrs = [address(a) for a in c.args if not isinstance(a, str)]
             calls.append((k.root, name, addrs))
-            body.append(f"{name}({', '.join(_address(*a) for a in addrs)})")
+            drv.call(name, addrs)
     if split and kg.boundary == len(kg.kernels):
-        body += _phase_end(plan)
+        drv.phase_end(plan)
     for name, nid in plan.copies:
         src, dst = plan.slots[nid], plan.params[name]
-        body.append(comment(f"update {name} <- {g.label(nid)} (copy)"))
-        if src.region in CALLER:
-            body.append(f"copy_bytes({_address('persist', dst.offset)}, "
-                        f"{_address(*_base(src))}, {dst.nbytes})")
-        else:
-            body.append(f"persist[{dst.offset}:{dst.offset + dst.nbytes}] = "
-                        f"{src.region}[{src.offset}:{src.offset + src.nbytes}]")
+        drv.comment(f"update {name} <- {g.label(nid)} (copy)")
+        drv.copy(("persist", dst.offset), _base(src), dst.nbytes)
     for name, nid in plan.inplace.items():
-        body.append(comment(f"update {name} <- %{nid} (written in place)"))
-    head = [comment(f"jitgraph driver for graph {g.name} (generated)"), "import numpy as np",
-            "from numba import njit", "", "from jitgraph.runtime.cache import entry",
-            "from jitgraph.runtime.cpu.pointers import copy_bytes", ""]
-    head += [comment(f"io[{s.pointer}]: {s.region} {k}") for k, s in
+        drv.comment(f"update {name} <- %{nid} (written in place)")
+    head = [comment(f"jitgraph driver for graph {g.name} (generated)", ";"),
+            comment("DRIVER(arena, persist, io" + (", phase" if split else "") +
+                    "): one step, the kernels called in order at base address + offset", ";"),
+            comment("(LLVM IR, compiled by llvmlite: runtime/backend.Driver)", ";")]
+    head += [comment(f"io[{s.pointer}]: {s.region} {k}", ";") for k, s in
              [*plan.inputs.items(), *plan.outputs.items()]]
-    head += [f'{k} = entry(__file__, "{k}", {nargs})' for k, (_, nargs) in sorted(kernels.items())]
-    if split:
-        body = _phased(body)
-    body = ["a = np.int64(arena.ctypes.data)", "p = np.int64(persist.ctypes.data)"] + body
-    text = "\n".join(head) + "\n\n\n" + '@njit(cache=True, error_model="numpy", nogil=True)\n' + \
-        f"def DRIVER(arena, persist, io{', phase' if split else ''}):\n" + \
-        "\n".join("    " + ln for ln in body) + "\n"
+    decls = sorted((k, n) for k, (_, n) in kernels.items())
+    text = "\n".join(head + [""] + drv.module(decls, split, plan.pointers))
     driver = name_of("d", text)
     work_bytes = work_at + work - plan.arena_bytes if work else 0
     return Generated({k: t for k, (t, _) in kernels.items()}, driver,
@@ -177,37 +172,113 @@ def generate(kg, plan, name_of) -> Generated:
                      2 if split else 1)
 
 
-BOUNDARY = "# -- update boundary --"
+BOUNDARY = "; -- update boundary --"
 
 
-def _phase_end(plan):
-    """The end of phase 1: the padding between a bucket's gradients zeroed, then the marker."""
-    return [comment("zero the padding between the gradients of the buckets")] + \
-        [f"arena[{off}:{off + n}] = 0" for off, n in plan.pads] + [BOUNDARY]
+class _Driver:
+    """The driver as LLVM IR text: straight-line calls of the kernels' C entry points
+    (`void jitgraph_<name>(i64 address, ...)`, the symbols runtime/cache.py registers), then
+    the update copies (llvm.memcpy, or llvm.memmove within one region), and at the update
+    boundary the zeroing of the bucket pads (llvm.memset). Every address is an i64: the arena
+    `%a`, the persistent region `%p`, or entry n of the io table, `%io<n>` (loaded once per
+    call), plus an offset. User strings appear only in `;` comments (codegen.comment)."""
+
+    def __init__(self):
+        self.lines, self.n, self.io = [], 0, set()
+
+    def comment(self, text):
+        self.lines.append("  " + comment(text, ";"))
+
+    def value(self, base, offset):
+        if isinstance(base, int):
+            self.io.add(base)
+            v = f"%io{base}"
+        else:
+            v = "%a" if base == "arena" else "%p"
+        if not offset:
+            return v
+        self.n += 1
+        self.lines.append(f"  %v{self.n} = add i64 {v}, {offset}")
+        return f"%v{self.n}"
+
+    def pointer(self, base, offset):
+        v = self.value(base, offset)
+        self.n += 1
+        self.lines.append(f"  %v{self.n} = inttoptr i64 {v} to ptr")
+        return f"%v{self.n}"
+
+    def call(self, name, addrs):
+        args = ", ".join(f"i64 {self.value(*a)}" for a in addrs)
+        self.lines.append(f"  call void @jitgraph_{name}({args})")
+
+    def copy(self, dst, src, nbytes):
+        d, s = self.pointer(*dst), self.pointer(*src)
+        op = "memmove" if dst[0] == src[0] else "memcpy"     # one region: they could overlap
+        self.lines.append(f"  call void @llvm.{op}.p0.p0.i64(ptr {d}, ptr {s}, i64 {nbytes}, "
+                          f"i1 false)")
+
+    def phase_end(self, plan):
+        """The end of phase 1: the padding between a bucket's gradients zeroed, then the marker."""
+        self.comment("zero the padding between the gradients of the buckets")
+        for off, n in plan.pads:
+            p = self.pointer("arena", off)
+            self.lines.append(f"  call void @llvm.memset.p0.i64(ptr {p}, i8 0, i64 {n}, i1 false)")
+        self.lines.append(BOUNDARY)
+
+    def module(self, kernels, split, pointers):
+        """The module's lines: declarations, then DRIVER; with `split`, phase 1 (or 0) runs the
+        lines above the boundary marker, phase 2 (or 0) those below."""
+        out = [f"declare void @jitgraph_{k}({', '.join(['i64'] * n)})" for k, n in kernels]
+        out += ["declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)",
+                "declare void @llvm.memmove.p0.p0.i64(ptr, ptr, i64, i1)",
+                "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)", "",
+                f"define void @DRIVER(i64 %a, i64 %p, i64 %io{', i32 %phase' if split else ''})"
+                " {", "entry:"]
+        if self.io:
+            out.append("  %iot = inttoptr i64 %io to ptr")
+        for i in sorted(self.io):
+            if not 0 <= i < pointers:
+                raise AssertionError(f"driver: io entry {i} outside the table of {pointers}")
+            out += [f"  %iop{i} = getelementptr i64, ptr %iot, i64 {i}",
+                    f"  %io{i} = load i64, ptr %iop{i}"]
+        body = self.lines
+        if split:
+            at = body.index(BOUNDARY)
+            out += ["  %one = icmp ne i32 %phase, 2", "  br i1 %one, label %phase1, label %test2",
+                    "phase1:", *body[:at], "  br label %test2",
+                    "test2:", "  %two = icmp ne i32 %phase, 1",
+                    "  br i1 %two, label %phase2, label %done",
+                    "phase2:", *body[at + 1:], "  br label %done", "done:"]
+        else:
+            out += body
+        return out + ["  ret void", "}", ""] + THUNK.format(
+            phase=", i32 %phase" if split else "").splitlines() + [""]
 
 
-def _phased(body):
-    """The driver body split at the boundary marker: phase 1 (or 0) runs the lines above it,
-    phase 2 (or 0) those below."""
-    at = body.index(BOUNDARY)
-    one, two = body[:at], body[at + 1:]
-    return ["if phase != 2:", *["    " + ln for ln in one], "    pass",
-            "if phase != 1:", *["    " + ln for ln in two], "    pass"]
+# What the Python side calls (runtime/backend.Driver): the addresses of the arena, the
+# persistent region and the io table, stored once into DRIVER.ctx, and the phase (0 unphased).
+THUNK = """@DRIVER.ctx = global [3 x i64] zeroinitializer
+
+define void @DRIVER.run(i32 %phase) {{
+entry:
+  %a = load i64, ptr @DRIVER.ctx
+  %pp = getelementptr [3 x i64], ptr @DRIVER.ctx, i64 0, i64 1
+  %p = load i64, ptr %pp
+  %iop = getelementptr [3 x i64], ptr @DRIVER.ctx, i64 0, i64 2
+  %io = load i64, ptr %iop
+  call void @DRIVER(i64 %a, i64 %p, i64 %io{phase})
+  ret void
+}}"""
 
 
-def comment(text: str) -> str:
-    """A source comment showing `text`, which may hold user strings (graph, input, param and
-    output names): every character that could end the comment line or the source (newlines,
-    other control and non-printable characters) is written as its escape, so user strings reach
-    generated code only as comment text, never as code."""
-    return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+def comment(text: str, mark: str = "#") -> str:
+    """A source comment (`mark`: "#" Python, ";" LLVM IR) showing `text`, which may hold user
+    strings (graph, input, param and output names): every character that could end the comment
+    line or the source (newlines, other control and non-printable characters) is written as its
+    escape, so user strings reach generated code only as comment text, never as code."""
+    return mark + " " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _base(slot):
     """(base, offset) of a plan Slot: base "arena", "persist", or the io table entry (an int)."""
     return (slot.pointer if slot.region in CALLER else slot.region), slot.offset
-
-
-def _address(base, offset):
-    base = f"io[{base}]" if isinstance(base, int) else "a" if base == "arena" else "p"
-    return f"{base} + {offset}" if offset else base

@@ -16,7 +16,9 @@ names its op, layout and parameters:
              count_equal(x, y, out)   cross_entropy(logits, target, out)
              cross_entropy_back(logits, target, g, out)
   lib_norm   rms_norm / layer_norm(x, out, eps)  rms_norm_back / layer_norm_back(x, g, out, eps)
-             rope(x, pos, out, theta, neox)      rope_back(g, pos, out, theta, neox)
+             rope_work(x, pos, out, work, theta, neox)  rope_back_work(g, pos, out, work, ...)
+             -- work: workspace_size_rope(x_shape, pos_shape) elements (the cos/sin table);
+             rope(x, pos, out, theta, neox) / rope_back: the same, allocating the table
              causal_mask(x, out, n_past, value)
   lib_kv     set_rows(table, idx, rows, out, axis, f16)  -- out may be table's buffer: rows only
              kv_attention(q, k, v, pos, out, work, scale, f16)
@@ -33,7 +35,8 @@ from .lib_conv import (conv2d, conv2d_back_input, conv2d_back_weight,  # noqa: F
                        workspace_size_conv2d)
 from .lib_kv import kv_attention, set_rows, workspace_size_kv_attention  # noqa: F401
 from .lib_norm import (causal_mask, layer_norm, layer_norm_back, rms_norm,  # noqa: F401
-                       rms_norm_back, rope, rope_back)
+                       rms_norm_back, rope, rope_back, rope_back_work, rope_work,
+                       workspace_size_rope)
 from .lib_pool import avg_pool2d, avg_pool2d_back, max_pool2d, max_pool2d_back  # noqa: F401
 from .lib_rows import (argmax_last, count_equal, cross_entropy, cross_entropy_back,  # noqa: F401
                        log_softmax, logsumexp_last, max_last, softmax, softmax_back)

@@ -35,6 +35,10 @@ def _rope(n):
     return [n.attr["theta"], n.attr["mode"] == "neox"]
 
 
+def _rope_work(lib, shapes, n):
+    return lib.workspace_size_rope(*shapes[:2])
+
+
 def _conv(n):
     a = n.attr
     return [*a["stride"], *a["padding"], *a["dilation"]]
@@ -106,8 +110,8 @@ TABLE = {
     "concat": Own(lower.concat, library="embed"),
     "get_rows": Library("get_rows"),
     "get_rows_back": Library("get_rows_back"),
-    "rope": Library("rope", _rope),
-    "rope_back": Library("rope_back", _rope),
+    "rope": Library("rope_work", _rope, _rope_work),
+    "rope_back": Library("rope_back_work", _rope, _rope_work),
     "causal_mask": Library("causal_mask", lambda n: [n.attr["n_past"], n.attr["value"]]),
     "set_rows": Library("set_rows", lambda n: [n.attr["axis"], n.attr["f16"]]),
     "kv_attention": Library("kv_attention", lambda n: [n.attr["scale"], n.attr["f16"]],

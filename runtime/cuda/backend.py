@@ -13,8 +13,10 @@ Program's own device buffer or, with step_into, the caller's host array. The dri
 each entry: an address inside one of this backend's allocations is device memory (used where it
 lies); any other is host memory, copied into a device staging buffer of the driver's (inputs,
 allocated once) before the launches, or from one (outputs) after them. So a step moves the
-inputs up, runs the launches (runtime/cuda/codegen.py) on the default stream, and the Program
-then copies the outputs it returns down; nothing is allocated per step after the first.
+inputs up (through pinned host buffers), runs the launches (runtime/cuda/codegen.py) on the
+driver's one stream, or from the second step on replays them as one CUDA graph per phase
+(runtime/cuda/graphs.py: JITGRAPH_CUDA_GRAPHS), and copies the outputs down; nothing is
+allocated per step after the first.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ import time
 
 import numpy as np
 
-from . import device
+from . import device, gemm
 from .codegen import Ref
+from .gemm import describe
 
 KINDS = frozenset(("node", "elementwise", "gemm", "rows", "reduce", "cross_entropy"))
 
@@ -60,8 +63,9 @@ class CUDA:
                         "kernels_reused": 0, "driver_cached": False,
                         "numba_seconds": time.perf_counter() - t0,
                         "workspace_bytes": gen.workspace_bytes,
-                        "gemm_library": f"numba tiled GEMM ({gen.tile}x{gen.tile})",
-                        "device": "simulator" if self.simulator else _device_name(self.cuda)}
+                        "gemm_library": describe(driver.gemm_library, gen.tile),
+                        "device": "simulator" if self.simulator else _device_name(self.cuda),
+                        "cuda_graphs": driver.graph_stats["mode"]}
 
     def _check_fits(self, gen):
         """A clear error when the program's planned bytes exceed the device's free memory."""
@@ -117,20 +121,41 @@ def _device_name(cuda) -> str:
 
 class Driver:
     """driver(arena, persist, io[, phase]): one step, the launches of runtime/cuda/codegen.py
-    over device arrays. The launch configurations and every launch's argument list are built
-    once and rebuilt only when the arena, the persistent region or a buffer behind the io
-    table changes (a caller's output array with step_into, a fed-back device view), so a
-    step's host work is the input uploads, one Python call per launch and the downloads."""
+    over device arrays, all on one stream of the driver's. The launch configurations and every
+    launch's argument list are built once and rebuilt only when the arena, the persistent
+    region or a buffer behind the io table changes (a caller's output array with step_into, a
+    fed-back device view). A caller's host input is copied into a pinned staging buffer and
+    up from there (asynchronously, on the stream), an output down into one and then into the
+    caller's array after the stream is synchronised. From the second step on the launches of
+    each phase run as one CUDA graph where graphs are enabled (runtime/cuda/graphs.py), plain
+    launches otherwise; `graph_stats` counts captures and replays."""
 
     def __init__(self, backend, gen, kernels, namespace):
+        from . import graphs
         self.backend, self.gen, self.cuda = backend, gen, backend.cuda
         self.kernels = kernels
         self.python = namespace            # the kernels as Python functions (PTX checks)
         self._views = {}                   # (region id, byte offset, shape, dtype) -> array
         self._staging = {}                 # io pointer -> Region for host memory behind it
+        self._pinned = {}                  # io pointer -> pinned host array (its staging)
         self._key, self._args = None, None
-        self._launch = [(kernels[ln.kernel][ln.grid, ln.block], ln.phase) for ln in gen.launches]
+        self.stream = self.cuda.stream()
+        self.gemm_library = gemm.library(backend.simulator)
+        self._launch = [(self._library_gemm(ln) or
+                         kernels[ln.kernel][ln.grid, ln.block, self.stream], ln.phase)
+                        for ln in gen.launches]
         self.stats = type("S", (), {"cache_hits": {}})()   # what backend.CPU's driver has
+        mode = graphs.mode(backend.simulator)
+        self._graphs = graphs.api(mode)
+        self._graph = {}                   # phase -> captured graph (for the current _key)
+        self._seen = set()                 # phases run once plainly (modules loaded)
+        self.graph_stats = {"mode": mode, "captures": 0, "replays": 0, "fallback": None}
+
+    def _library_gemm(self, ln):
+        """A library call in place of GEMM launch `ln` (runtime/cuda/gemm.py), or None."""
+        if self.gemm_library != "nvmath" or ln.gemm is None or ln.gemm.batched:
+            return None
+        return gemm.NvmathGemm(ln.gemm, self.stream)
 
     def _device(self, region, offset, nbytes, dtype, shape):
         key = (id(region), offset, tuple(shape), dtype)
@@ -149,31 +174,72 @@ class Driver:
         st = self._staging.get(p)
         if st is None:
             st = self._staging[p] = self.backend.allocate(max(nbytes, 4))
+            self._pinned[p] = self.cuda.pinned_array(spec[2], spec[1])
         return st, 0, device.host_array(addr, nbytes, spec[1], spec[2])
 
     def __call__(self, arena, persist, io, phase=0):
-        gen = self.gen
+        gen, stream = self.gen, self.stream
         bufs, downloads = {}, []
         for p, spec in gen.inputs.items():
             r, off, host = self._io_buffer(p, int(io[p]), spec)
             bufs[p] = (r, off)
             if host is not None and spec[0]:
-                self._device(r, off, spec[0], spec[1], spec[2]).copy_to_device(host)
+                pinned = self._pinned[p]
+                np.copyto(pinned, host)
+                self._device(r, off, spec[0], spec[1], spec[2]).copy_to_device(pinned,
+                                                                               stream=stream)
         for p, spec in gen.outputs.items():
             r, off, host = self._io_buffer(p, int(io[p]), spec)
             bufs[p] = (r, off)
             if host is not None and spec[0]:
-                downloads.append((self._device(r, off, spec[0], spec[1], spec[2]), host))
+                downloads.append((self._device(r, off, spec[0], spec[1], spec[2]),
+                                  self._pinned[p], host))
         key = (id(arena), id(persist), tuple((p, id(r), off) for p, (r, off) in bufs.items()))
         if key != self._key:
             regions = {"arena": (arena, 0), "persist": (persist, 0), **bufs}
             self._args = [[self._arg(a, regions) for a in ln.args] for ln in gen.launches]
             self._key = key
+            self._drop_graphs()
+        self._run(phase)
+        for d, pinned, _ in downloads:
+            d.copy_to_host(pinned, stream=stream)
+        stream.synchronize()
+        for _, pinned, host in downloads:
+            np.copyto(host, pinned)
+
+    def _issue(self, phase, launch_one):
         for (launch, ph), args in zip(self._launch, self._args):
             if not phase or ph == phase:
-                launch(*args)
-        for d, host in downloads:
-            d.copy_to_host(host)
+                launch_one(launch, args)
+
+    def _run(self, phase):
+        """The phase's launches: plainly the first time (kernels load, nothing to capture
+        yet) and wherever graphs are off; else its graph, captured on first need."""
+        gr = self._graphs
+        if gr is None or phase not in self._seen:
+            self._seen.add(phase)
+            self._issue(phase, lambda launch, args: launch(*args))
+            return
+        graph = self._graph.get(phase)
+        if graph is None:
+            try:
+                graph = self._graph[phase] = gr.capture(self.stream,
+                                                        lambda one: self._issue(phase, one))
+            except Exception as e:      # noqa: BLE001 - any refusal: plain launches from now
+                self._drop_graphs()
+                self._graphs = None
+                self.graph_stats["fallback"] = f"{type(e).__name__}: {e}"
+                self._issue(phase, lambda launch, args: launch(*args))
+                return
+            self.graph_stats["captures"] += 1
+        gr.launch(graph, self.stream)
+        self.graph_stats["replays"] += 1
+
+    def _drop_graphs(self):
+        if self._graphs is not None:
+            for graph in self._graph.values():
+                self._graphs.destroy(graph)
+        self._graph = {}
 
     def _arg(self, a, regions):
         if not isinstance(a, Ref):

@@ -69,6 +69,20 @@ class Launch:
     phase: int = 1          # 1: before the update boundary (or no boundary), 2: after
     kg_kernel: int = -1     # the KernelGraph kernel it implements
     note: str = ""
+    gemm: object = None     # GemmSpec: a GEMM a library may run instead (runtime/cuda/gemm.py)
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """args[2] = op(args[0]) @ op(args[1]) (op: transposed when ta / tb), M x N over K, the
+    launch's arguments 2-D ([rows, cols] as stored) or, batched, 3-D with broadcast batches."""
+    ta: bool
+    tb: bool
+    M: int
+    N: int
+    K: int
+    dtype: str
+    batched: bool
 
 
 @dataclass
@@ -98,6 +112,8 @@ def scalar_expr(n, args) -> str:
     """Node n's value from operand expressions, by its op's portable expression (OpDef.expr):
     numba-cuda lowers math.* to libdevice."""
     dt = n.type.dtype
+    if n.op == "round_f16":         # the device's cvt.rn.f16 (ties to even, overflow to inf)
+        return half(args[0], dt)
     template = get_op(n.op).expr
     if template is None:
         raise Unsupported(f"op {n.op} has no scalar expression")
@@ -105,6 +121,12 @@ def scalar_expr(n, args) -> str:
         template = _FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
     attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
     return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
+
+
+def half(expr, dt) -> str:
+    """`expr` rounded to the nearest float16, in dtype dt (round_f16, llama.cpp's F16 KV cache):
+    one cvt.rn.f16.f32 / .f64 and back on the device, numpy's float16 cast on the simulator."""
+    return f"{NP_DTYPE[dt]}(np.float16({expr}))"
 
 
 class Source:
@@ -337,7 +359,10 @@ def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) ->
         "        acc += sa[ty, j] * sb[j, tx]",
         "    cuda.syncthreads()", f"if row < {M} and col < {N}:", f"    {c}[{pc}row, col] = acc"]
     grid = (-(-N // T), -(-M // T)) + ((nb,) if batch is not None else ())
-    return src.finish(grid, (T, T), note)
+    ln = src.finish(grid, (T, T), note)
+    if ln.args == [a_ref, b_ref, c_ref]:        # (distinct operands: a library may run it)
+        ln.gemm = GemmSpec(bool(ta), bool(tb), M, N, K, dtype, batch is not None)
+    return ln
 
 
 def matmul_node(ctx, n, note="") -> list:
@@ -1005,3 +1030,184 @@ def pool2d(ctx, n, note="") -> list:
             "            if bh == h and bw == w:", f"                acc += {ga}[nn, c, oy, ox]",
             f"{o}[nn, c, h, w] = acc"]
     return [_per_element(ctx, src, (N, C, H, W), ("nn", "c", "h", "w"), body, note)]
+
+
+# ---- shapes: concat, slice, slice_back, pad -------------------------------------------------------
+def _strides(shape) -> list:
+    out, st = [0] * len(shape), 1
+    for ax in reversed(range(len(shape))):
+        out[ax], st = st, st * shape[ax]
+    return out
+
+
+def fill(ctx, n, value, note="") -> Launch:
+    """Every element of node n's buffer set to `value` (a literal of its dtype)."""
+    src = Source(ctx)
+    o = src.arg(ctx.ref(n.id), "o")
+    total = n.type.size
+    src.lines += ["i = cuda.grid(1)", "st = cuda.gridsize(1)", f"while i < {total}:",
+                  f"    {o}[i] = {value}", "    i += st"]
+    return src.finish((ctx.blocks(total),), (ctx.tpb,), note)
+
+
+def concat(ctx, n, note="") -> list:
+    """One launch per operand, one thread per operand element, copied to its place along the
+    axis (operands [outer, m_k, inner] into the output [outer, M, inner] at offset sum m_<k)."""
+    g = ctx.g
+    ax = n.attr["axis"] % max(n.type.ndim, 1)
+    shape = n.type.shape
+    inner, M = _prod(shape[ax + 1:]), shape[ax]
+    launches, at = [], 0
+    for i in n.inputs:
+        x = g.nodes[i]
+        m = x.type.shape[ax] if x.type.shape else 1
+        total = x.type.size
+        if total:
+            src = Source(ctx)
+            a, o = src.arg(ctx.ref(i)), src.arg(ctx.ref(n.id), "o")
+            src.lines += ["i = cuda.grid(1)", "st = cuda.gridsize(1)", f"while i < {total}:",
+                          f"    q = i // {inner}", f"    u = q // {m}",
+                          f"    {o}[(u * {M} + {at} + q % {m}) * {inner} + i % {inner}] = {a}[i]",
+                          "    i += st"]
+            launches.append(src.finish((ctx.blocks(total),), (ctx.tpb,), f"{note} part"))
+        at += m
+    return launches
+
+
+def slice_(ctx, n, note="") -> list:
+    """slice: out[i] = x[start + i * step] per axis (steps may be negative)."""
+    x = ctx.g.nodes[n.inputs[0]]
+    sl, os_ = n.attr["slices"], n.type.shape
+    xst = _strides(x.type.shape)
+
+    def lines(src):
+        a = src.arg(ctx.ref(x.id))
+        base = sum(s * st for (s, _, _), st in zip(sl, xst))
+        terms = [f"i{k} * {sl[k][2] * xst[k]}" for k in range(len(os_)) if os_[k] != 1]
+        return unravel("i", list(range(len(os_))), os_) + \
+            [f"val = {a}[{' + '.join([str(base)] + terms)}]"]
+    return _gather(ctx, n, lines, note)
+
+
+def slice_back(ctx, n, note="") -> list:
+    """slice_back: zeros, then each gradient element stored at its slice position (distinct
+    positions: plain stores)."""
+    gg = ctx.g.nodes[n.inputs[0]]
+    sl, gs = n.attr["slices"], gg.type.shape
+    ost = _strides(n.type.shape)
+    launches = [fill(ctx, n, typed_literal(0.0 if n.type.is_float else 0, n.type.dtype),
+                     note + " zero")] if n.type.size else []
+    total = gg.type.size
+    if total:
+        src = Source(ctx)
+        a, o = src.arg(ctx.ref(gg.id)), src.arg(ctx.ref(n.id), "o")
+        base = sum(s * st for (s, _, _), st in zip(sl, ost))
+        terms = [f"i{k} * {sl[k][2] * ost[k]}" for k in range(len(gs)) if gs[k] != 1]
+        src.lines += ["e = cuda.grid(1)", "st = cuda.gridsize(1)", f"while e < {total}:"]
+        src.lines += unravel("e", list(range(len(gs))), gs, "    ")
+        src.lines += [f"    {o}[{' + '.join([str(base)] + terms)}] = {a}[e]", "    e += st"]
+        launches.append(src.finish((ctx.blocks(total),), (ctx.tpb,), note))
+    return launches
+
+
+def pad(ctx, n, note="") -> list:
+    """pad: one thread per output element, the operand's element or the pad value."""
+    x = ctx.g.nodes[n.inputs[0]]
+    pads, xs, os_ = n.attr["pads"], x.type.shape, n.type.shape
+    xst = _strides(xs)
+    val = typed_literal(float(n.attr["value"]) if n.type.is_float else int(n.attr["value"]),
+                        n.type.dtype)
+
+    def lines(src):
+        a = src.arg(ctx.ref(x.id))
+        if not os_:
+            return [f"val = {a}[0]"]
+        out = unravel("i", list(range(len(os_))), os_)
+        out += [f"j{k} = i{k} - {b}" for k, (b, _) in enumerate(pads)]
+        inside = " and ".join(f"j{k} >= 0 and j{k} < {xs[k]}" for k in range(len(xs)))
+        at = " + ".join(f"j{k} * {xst[k]}" for k in range(len(xs)))
+        return out + [f"val = {a}[{at}] if {inside} else {val}"]
+    return _gather(ctx, n, lines, note)
+
+
+# ---- KV cache: set_rows, kv_attention ------------------------------------------------------------
+def set_rows(ctx, n, note="") -> list:
+    """set_rows: the table copied to the output unless the plan put them in one buffer (a KV
+    cache param updated in place), then one thread per row element; a repeated index keeps its
+    last row (a thread skips its row when a later one has the same index); an index outside
+    the table writes nothing (the program range-checks index inputs before the step)."""
+    g = ctx.g
+    table, idx, rows_ = (g.nodes[i] for i in n.inputs)
+    ax = n.attr["axis"]
+    shape = table.type.shape
+    N, inner = shape[ax], _prod(shape[ax + 1:])
+    m = idx.type.shape[0]
+    launches = []
+    if ctx.ref(n.id) != ctx.ref(table.id):
+        launches.append(copy_words(ctx, _words_of(ctx, table), _words_of(ctx, n), note + " copy"))
+    total = rows_.type.size
+    if total:
+        src = Source(ctx)
+        r, ix, o = src.arg(ctx.ref(rows_.id)), src.arg(ctx.ref(idx.id)), \
+            src.arg(ctx.ref(n.id), "o")
+        v = half(f"{r}[e]", n.type.dtype) if n.attr["f16"] else f"{r}[e]"
+        src.lines += ["e = cuda.grid(1)", "st = cuda.gridsize(1)", f"while e < {total}:",
+                      f"    q = e // {inner}", f"    s = q % {m}", f"    u = q // {m}",
+                      f"    k = {ix}[s]", f"    ok = k >= 0 and k < {N}",
+                      f"    for s2 in range(s + 1, {m}):", f"        if {ix}[s2] == k:",
+                      "            ok = False", "    if ok:",
+                      f"        {o}[(u * {N} + k) * {inner} + e % {inner}] = {v}", "    e += st"]
+        launches.append(src.finish((ctx.blocks(total),), (ctx.tpb,), note))
+    return launches
+
+
+def _words_of(ctx, node) -> Ref:
+    """Node's buffer as 32-bit words (copies)."""
+    r = ctx.ref(node.id)
+    return Ref(r.base, r.offset, (node.type.nbytes // 4,), "uint32")
+
+
+def kv_attention(ctx, n, note="") -> list:
+    """kv_attention: one block per (query, head): the threads stride over the cache rows
+    j <= pos[s] for the scores (into scratch) and their maximum, then the exponentials and
+    their sum (float64), then over head_dim for the weighted sum of the values; f16: the
+    query and the probabilities rounded to float16, as llama.cpp's F16 cache."""
+    g = ctx.g
+    q, kt, vt, pos = (g.nodes[i] for i in n.inputs)
+    S, H, D = q.type.shape
+    Hkv, _, R = kt.type.shape
+    rep = H // Hkv
+    dt = n.type.dtype
+    T = NP_DTYPE[dt]
+    f16 = n.attr["f16"]
+    scale = typed_literal(float(n.attr["scale"]), dt)
+    if n.type.size == 0:
+        return []
+    src = Source(ctx)
+    qa = src.arg(ctx.ref(q.id, (S, H, D)))
+    ka, va = src.arg(ctx.ref(kt.id, (Hkv, D, R))), src.arg(ctx.ref(vt.id, (Hkv, D, R)))
+    pa = src.arg(ctx.ref(pos.id, (S,)))
+    w = src.arg(ctx.scratch(0, (S * H, R), dt), "w")
+    o = src.arg(ctx.ref(n.id, (S, H, D)), "o")
+    qd = half(f"{qa}[s, h, d]", dt) if f16 else f"{qa}[s, h, d]"
+    pr = half("w_ * inv", dt) if f16 else "w_ * inv"
+    L = src.lines
+    L += [f"sm = cuda.shared.array(TPB, {T})", "sd = cuda.shared.array(TPB, np.float64)",
+          "t = cuda.threadIdx.x", "b = cuda.blockIdx.x", f"while b < {S * H}:",
+          f"    s = b // {H}", f"    h = b % {H}", f"    gk = h // {rep}", f"    n = {pa}[s] + 1",
+          f"    if n > {R}:", f"        n = {R}",
+          f"    m = {T}(-math.inf)", "    j = t", "    while j < n:", f"        acc = {T}(0.0)",
+          f"        for d in range({D}):", f"            acc += {qd} * {ka}[gk, d, j]",
+          f"        acc = acc * {scale}", f"        {w}[b, j] = acc", "        m = max(m, acc)",
+          "        j += TPB"]
+    L += block_reduce("m", "max", T, "sm", "    ")
+    L += ["    tot = 0.0", "    j = t", "    while j < n:",
+          f"        e_ = {T}(math.exp(np.float64({w}[b, j] - m)))", f"        {w}[b, j] = e_",
+          "        tot += np.float64(e_)", "        j += TPB"]
+    L += block_reduce("tot", "sum", "np.float64", "sd", "    ")
+    L += [f"    inv = {T}(1.0 / tot) if tot > 0.0 else {T}(0.0)", "    j = t", "    while j < n:", f"        w_ = {w}[b, j]",
+          f"        {w}[b, j] = {pr}", "        j += TPB", "    cuda.syncthreads()",
+          "    d = t", f"    while d < {D}:", f"        acc = {T}(0.0)", "        for j in range(n):",
+          f"            acc += {w}[b, j] * {va}[gk, d, j]", f"        {o}[s, h, d] = acc",
+          "        d += TPB", "    cuda.syncthreads()", "    b += cuda.gridDim.x"]
+    return [src.finish((ctx.blocks(S * H, 1),), (ctx.tpb,), note)]

@@ -36,6 +36,24 @@ def require():
     return cuda
 
 
+def select(index: int = 0):
+    """Make GPU `index` the current device of this thread (what `--device N` names) and return
+    numba.cuda; a RuntimeError names the cause (no numba-cuda, no GPU, no such device)."""
+    cuda = require()
+    index = int(index)
+    if simulated():
+        if index != 0:
+            raise RuntimeError(f"target cuda: device {index}: the CUDA simulator has device 0 "
+                               f"only")
+        return cuda
+    count = len(cuda.gpus)
+    if not 0 <= index < count:
+        raise RuntimeError(f"target cuda: no device {index}: this machine has {count} CUDA "
+                           f"device(s), numbered 0..{count - 1}")
+    cuda.select_device(index)
+    return cuda
+
+
 def simulated() -> bool:
     from numba import config
     return bool(config.ENABLE_CUDASIM)

@@ -3,12 +3,11 @@ lowers the fused kinds). Elementwise ops need no entry: their scalar expression 
 all the backend needs. An op with no entry is a compile-time NotImplementedError naming the op
 and the node, never a silent wrong result.
 
-GEMM: the matmul entry is the seam for a GEMM library. Here it is the tiled numba kernel of
-codegen.gemm_launch (runs on the simulator, FP32 accumulate). On a real GPU it is to be
-cuBLASLt through nvmath-python (`nvmath.linalg.advanced.Matmul`, planned once per GEMM at build
-time with its epilogue: BIAS / RELU / GELU and the backward forms DRELU_BGRAD, BGRADA/B where
-the fusion pass's epilogue is one of them), called by the driver on the program's stream in
-place of the launch: a Launch whose `kernel` names a planned library call.
+GEMM: the matmul entry lowers to the tiled numba kernel of codegen.gemm_launch (runs on the
+simulator, FP32 accumulate), each GEMM launch marked with a GemmSpec: on a GPU with nvmath-python
+and CuPy the driver runs those through cuBLASLt instead (runtime/cuda/gemm.py: a stateful
+`nvmath.linalg.advanced.Matmul` planned once per launch binding; the epilogues stay numba
+kernels for now).
 """
 from __future__ import annotations
 
@@ -49,6 +48,12 @@ TABLE = {
     "get_rows_back": codegen.get_rows_back,
     "rope": codegen.rope,
     "rope_back": codegen.rope,
+    "concat": codegen.concat,
+    "slice": codegen.slice_,
+    "slice_back": codegen.slice_back,
+    "pad": codegen.pad,
+    "set_rows": codegen.set_rows,
+    "kv_attention": codegen.kv_attention,
     **{op: (lambda ctx, n, note: codegen.rows(ctx, n, note=note)) for op in codegen.ROWS},
 }
 
