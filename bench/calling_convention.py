@@ -33,29 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jitgraph as jg  # noqa: E402
 from mlp_common import mnist_mlp, random_batch  # noqa: E402
-
-
-def sgemm_gflops(n=1024, repeat=7) -> float:
-    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-    c = np.empty_like(a)
-    np.dot(a, a, out=c)
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        np.dot(a, a, out=c)
-        ts.append(time.perf_counter() - t)
-    return 2 * n ** 3 / np.median(ts) / 1e9
-
-
-def header() -> str:
-    lines = []
-    try:
-        from jitgraph.cli.bench import describe_environment, environment
-        lines.append(describe_environment(environment()))
-    except Exception as e:          # noqa: BLE001 - the header is informative only
-        lines.append(f"# environment: unavailable ({type(e).__name__}: {e})")
-    lines.append(f"# host sgemm (numpy, 1024^3, median of 7): {sgemm_gflops():.0f} GFLOP/s")
-    return "\n".join(lines)
+from jitgraph.cli.roofline import host_header  # noqa: E402
 
 
 def interleaved(sides: dict, rounds: int, warmup: int = 3) -> dict:
@@ -146,7 +124,7 @@ def main(argv=None):
     ap.add_argument("--mlp-rounds", type=int, default=60)
     ap.add_argument("--no-mlp", action="store_true")
     args = ap.parse_args(argv)
-    print(header())
+    print(host_header())
     for name in ("add", "tanh"):
         unary_case(name, args.n, args.rounds)
     if not args.no_mlp:

@@ -26,21 +26,10 @@ from numba import njit, prange
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jitgraph.cli.roofline import sgemm_gflops  # noqa: E402
+from jitgraph.cli.roofline import host_header  # noqa: E402
 from jitgraph.runtime.cpu import approx  # noqa: E402
 
 C, K = 0.7978845608028654, 0.044715     # jitgraph/ops/elementwise.py's gelu constants
-
-
-def header() -> str:
-    lines = []
-    try:
-        from jitgraph.cli.bench import describe_environment, environment
-        lines.append(describe_environment(environment()))
-    except Exception as e:          # noqa: BLE001 - the header is informative only
-        lines.append(f"# environment: unavailable ({type(e).__name__}: {e})")
-    lines.append(f"# host sgemm (numpy, 1024^3, median of 7): {sgemm_gflops():.0f} GFLOP/s")
-    return "\n".join(lines)
 
 
 # ---- numpy sides: out= forms; t is a scratch buffer of x's shape ----------------------------
@@ -206,7 +195,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     names = [s for s in a.only.split(",") if s] or list(NUMPY)
     dtypes = [{"f32": np.float32, "f64": np.float64}[d] for d in a.dtype.split(",")]
-    print(header())
+    print(host_header())
     print(f"# {a.n} elements, median of {a.repeat} interleaved rounds; ms")
     cols = ["function", "dtype", "jit"] + (["jit-par"] if a.parallel else []) + \
         (["step"] if a.steps else []) + ["numpy", "numpy side", "numpy/jit"] + \

@@ -214,18 +214,12 @@ def _train(args):
 def _train_ranks(args, world):
     import numpy as np
     from .. import compile as jg_compile, optim
-    from ..formats.gguf import check_writable, load_checkpoint, save_checkpoint, save_model
+    from ..formats.gguf import load_checkpoint, save_checkpoint, save_model
     from ..models import MODELS
     from .train import Trainer, evaluate, train_samples
 
     # everything that can fail is checked before anything compiles or trains
-    if args.out and args.checkpoint and \
-            os.path.abspath(args.out) == os.path.abspath(args.checkpoint):
-        raise ValueError(f"--out and --checkpoint name the same file {args.out}; the final model "
-                         f"would overwrite the checkpoint")
-    for flag, path in (("--out", args.out), ("--checkpoint", args.checkpoint)):
-        if path:
-            check_writable(path, flag)
+    check_outputs(args.out, args.checkpoint)
     meta = None
     if args.resume:
         _check_model_file(args.resume, "--resume")
@@ -400,8 +394,7 @@ def _generate(args):
     from ..models.generate import Generator, Sampler, check_context, stream_text
     from ..models.llama import read_llama
     _check_model_file(args.model_file, "model")
-    if args.threads:           # before the GEMM library loads (it reads the count once)
-        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
+    apply_threads(args)
     cfg, params, tok = read_llama(args.model_file)
     if tok is None:
         raise ValueError(f"{args.model_file}: the model has no llama (SentencePiece) tokenizer "
@@ -540,6 +533,32 @@ def _common_data(p):
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bars, no per-epoch or summary lines")
+
+
+def add_threads_flag(p):
+    """--threads N: threads of a command's GEMMs and parallel kernels (apply_threads)."""
+    p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                   help="threads for GEMMs and parallel kernels (JITGRAPH_NUM_THREADS); 1 is "
+                        "much faster on a machine whose cores other jobs keep busy; default: "
+                        "all cores")
+
+
+def apply_threads(args):
+    """--threads, before the GEMM library loads (it reads the count once) and before MPI sets
+    the per-rank threads from it."""
+    if getattr(args, "threads", None):
+        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
+
+
+def check_outputs(out, checkpoint):
+    """--out and --checkpoint writable and distinct, checked before anything compiles."""
+    from ..formats.gguf import check_writable
+    if out and checkpoint and os.path.abspath(out) == os.path.abspath(checkpoint):
+        raise ValueError(f"--out and --checkpoint name the same file {out}; the final model "
+                         f"would overwrite the checkpoint")
+    for flag, path in (("--out", out), ("--checkpoint", checkpoint)):
+        if path:
+            check_writable(path, flag)
 
 
 def add_compile_flags(p):
@@ -700,9 +719,7 @@ def parser():
     n.add_argument("--no-kv-f16", action="store_true",
                    help="keep K, V, queries and attention probabilities in float32 (default: "
                         "rounded to float16 as llama.cpp's F16 KV cache does)")
-    n.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
-                   help="threads for GEMMs and parallel kernels (JITGRAPH_NUM_THREADS); "
-                        "default: all cores")
+    add_threads_flag(n)
     n.add_argument("--json", action="store_true",
                    help="print one JSON object as the last line (tokens/s, timings, the text)")
     n.add_argument("--quiet", action="store_true",

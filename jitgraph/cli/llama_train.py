@@ -44,9 +44,9 @@ import time
 import numpy as np
 
 from ..lora import SHORTHANDS
-from . import (EXIT_INTERRUPT, add_compile_flags, EXIT_TERMINATED, Terminated, _check_model_file,
-               compile_target, _compile_progress, _float_in, _flag, _int_at_least, _Run, _say,
-               _shown, _warn)
+from . import (EXIT_INTERRUPT, EXIT_TERMINATED, Terminated, _check_model_file, _compile_progress,
+               _float_in, _flag, _int_at_least, _Run, _say, _shown, _warn, add_compile_flags,
+               add_threads_flag, apply_threads, check_outputs, compile_target)
 
 CKPT_KEY = "jitgraph.checkpoint"
 STATE_PREFIX = "state."
@@ -167,10 +167,7 @@ def _loop_options(p, steps):
     p.add_argument("--resume", metavar="CKPT.gguf",
                    help="continue a checkpointed run bit for bit, with the checkpoint's "
                         "training options; default: start afresh")
-    p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
-                   help="threads for GEMMs and parallel kernels (JITGRAPH_NUM_THREADS); 1 is "
-                        "much faster on a machine whose cores other jobs keep busy; default: "
-                        "all cores")
+    add_threads_flag(p)
     add_compile_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--quiet", action="store_true",
@@ -486,8 +483,7 @@ def _data_parallel(fn, args):
     """fn(args, world): world None without MPI; under `mpiexec -n N` a
     jitgraph.distributed.World, the other ranks quiet, a rank's error aborting the job, and a
     stop agreed by the ranks (_Stopped) ending every rank with 130 / 143 (rank 0 reports it)."""
-    if args.threads:                 # before world() sets the per-rank threads from it
-        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
+    apply_threads(args)
     from ..distributed import world as mpi_world
     world = mpi_world()
     if world is None:
@@ -549,18 +545,8 @@ def _windows(args, split, what):
 
 
 def _check_outputs(args):
-    """--out and --checkpoint writable and distinct, before anything is read or compiled (and
-    --threads set, before the GEMM library loads: it reads the count once)."""
-    from ..formats.gguf import check_writable
-    if args.threads:
-        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
-    if args.out and args.checkpoint and \
-            os.path.abspath(args.out) == os.path.abspath(args.checkpoint):
-        raise ValueError(f"--out and --checkpoint name the same file {args.out}; the model would "
-                         f"overwrite the checkpoint")
-    for flag, path in (("--out", args.out), ("--checkpoint", args.checkpoint)):
-        if path:
-            check_writable(path, flag)
+    """--out and --checkpoint writable and distinct, before anything is read or compiled."""
+    check_outputs(args.out, args.checkpoint)
 
 
 def _resume(args, kind, resumed):

@@ -84,6 +84,18 @@ def sgemm_gflops(n=1024, repeat=7, best=False) -> float:
     return 2 * n ** 3 / (min(ts) if best else statistics.median(ts)) / 1e9
 
 
+def host_header() -> str:
+    """The lines every bench table starts with: the environment and the host's sgemm rate."""
+    lines = []
+    try:
+        from .bench import describe_environment, environment
+        lines.append(describe_environment(environment()))
+    except Exception as e:          # noqa: BLE001 - the header is informative only
+        lines.append(f"# environment: unavailable ({type(e).__name__}: {e})")
+    lines.append(f"# host sgemm (numpy, 1024^3, median of 7): {sgemm_gflops():.0f} GFLOP/s")
+    return "\n".join(lines)
+
+
 def stream_gbps(nbytes=64 << 20, repeat=7) -> float:
     """A parallel copy of `nbytes` (numba prange, the kernels' threads; 2 x 64 MB: from DRAM,
     beyond the L3 of the machines here): GB/s read + written, the fastest of `repeat`."""
