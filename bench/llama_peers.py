@@ -67,8 +67,12 @@ _threads_from_argv(sys.argv)
 
 
 def _import_torch():
-    """torch before jitgraph: jitgraph sets OMP_WAIT_POLICY=PASSIVE for its own OpenMP pool,
-    which torch's OpenMP runtime would read too if it loaded afterwards."""
+    """torch before jitgraph, in the main process only: libgomp reads OMP_WAIT_POLICY once, when
+    it loads, and one copy serves the process, so torch keeps its own default here, and jitgraph
+    runs in a worker process of its own (Remote), where jitgraph sets PASSIVE before its pool
+    starts (sharing torch's spinning runtime made jitgraph's 2-thread step 197 ms, not 122)."""
+    if os.environ.get("JITGRAPH_PEERS_WORKER"):
+        return None
     try:
         import torch
         n = os.environ.get("JITGRAPH_NUM_THREADS", "")
@@ -275,6 +279,54 @@ class TorchCompile(Torch):
     compiled = True
 
 
+def _serve(conn, name, args):
+    """Worker process of Remote: builds SYSTEMS[name](*args), then answers step / val_loss."""
+    system = SYSTEMS[name](*args)
+    conn.send((system.compile_s, getattr(system, "kernels", None)))
+    while True:
+        try:
+            what, payload = conn.recv()
+        except EOFError:            # the parent has gone
+            return
+        if what == "step":
+            t, c = time.perf_counter(), time.process_time()
+            loss = system.step(*payload)
+            conn.send((loss, time.perf_counter() - t, time.process_time() - c))
+        elif what == "val_loss":
+            conn.send(system.val_loss(payload))
+        else:
+            return
+
+
+class Remote:
+    """A system in a process of its own (spawned, without torch: see _import_torch), timed there;
+    the parent sends it the same batches, so it still takes turns with the others."""
+
+    def __init__(self, name, *args):
+        import multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        self.name, (self._conn, child) = SYSTEMS[name].name, ctx.Pipe()
+        os.environ["JITGRAPH_PEERS_WORKER"] = "1"    # the child's copy of this module skips torch
+        try:
+            self._proc = ctx.Process(target=_serve, args=(child, name, args), daemon=True)
+            self._proc.start()
+        finally:
+            del os.environ["JITGRAPH_PEERS_WORKER"]
+        self.compile_s, self.kernels = self._conn.recv()
+
+    def timed_step(self, tokens, labels):
+        self._conn.send(("step", (tokens, labels)))
+        return self._conn.recv()
+
+    def val_loss(self, batches):
+        self._conn.send(("val_loss", batches))
+        return self._conn.recv()
+
+    def close(self):
+        self._conn.send(("close", None))
+        self._proc.join(10)
+
+
 def _jax_unavailable(cfg, batch):
     try:
         import jax  # noqa: F401
@@ -318,10 +370,15 @@ def train_side_by_side(systems, text, steps, eval_at, block):
             r = res[s.name]
             for i in range(done, done + n):
                 tok, lab = text.batch_at(i)
-                t, c = time.perf_counter(), time.process_time()
-                r["loss"].append(s.step(tok, lab))
-                r["times"].append(time.perf_counter() - t)
-                r["cpu"].append(time.process_time() - c)
+                if hasattr(s, "timed_step"):            # Remote: timed in its process
+                    loss, wall, cpu = s.timed_step(tok, lab)
+                else:
+                    t, c = time.perf_counter(), time.process_time()
+                    loss = s.step(tok, lab)
+                    wall, cpu = time.perf_counter() - t, time.process_time() - c
+                r["loss"].append(loss)
+                r["times"].append(wall)
+                r["cpu"].append(cpu)
                 if i + 1 in eval_at:
                     r["val"][i + 1] = s.val_loss(text.val_batches)
         done += n
@@ -445,7 +502,7 @@ def finetune_rows(steps, text_path, block):
     rows, out = [], {}
     gflops = sgemm()
     for mode, rank in (("lora r8 q,k,v,o", FT_RANK), ("full", None)):
-        systems = [Jitgraph(cfg, FT_BATCH, params, rank, FT_SEQ),
+        systems = [Remote("jitgraph", cfg, FT_BATCH, params, rank, FT_SEQ),
                    Torch(cfg, FT_BATCH, None, params, rank, FT_SEQ)]
         first = [s.val_loss(text.val_batches[:1]) for s in systems]
         res = train_side_by_side(systems, text, steps, set(), block)
@@ -522,6 +579,7 @@ def main(argv=None):
             make = SYSTEMS[name]
             try:
                 systems.append(make(cfg, BATCH, args.torch_adam) if name.startswith("torch")
+                               else Remote(name, cfg, BATCH) if name == "jitgraph"
                                else make(cfg, BATCH))
             except ImportError as e:
                 print(f"{name}: skipped ({e})")

@@ -7,8 +7,10 @@ host, each small weight-gradient GEMM waiting for OpenBLAS's second thread to be
 Starts with JITGRAPH_NUM_THREADS=2 unless set, then takes turns, `--steps` steps each, between
   2thr openblas-decides  numba 2 threads, OpenBLAS 2 threads, every GEMM split as OpenBLAS
                          decides (blas.set_serial_max(0): the behaviour before the fix)
-  2thr serial-small      numba 2 threads, OpenBLAS 2 threads for GEMMs with m*n*k above
-                         runtime/cpu/blas.py SERIAL_MAX_WORK only (the default)
+  2thr serial-busy      numba 2 threads, OpenBLAS 2 threads for GEMMs with m*n*k above
+                         runtime/cpu/blas.py BUSY_BOUND only (the bound on a busy machine)
+  2thr serial-quiet     the same above QUIET_BOUND (the bound on an idle machine; by default
+                         blas.adapt() picks one of the two before each step)
   1thr                   numba and OpenBLAS on one thread
 and prints wall and CPU ms per step (median, minimum) with the load average: a change of load
 hits every configuration alike. The active pools are printed first (threadpoolctl, numba's
@@ -64,8 +66,8 @@ def main(argv):
     print(f"{which}: numba {numba.get_num_threads()} threads, layer {numba.threading_layer()}; "
           + "; ".join(f"{i['internal_api']} {i['num_threads']} threads "
                       f"({os.path.basename(i['filepath'])})" for i in threadpool_info()))
-    confs = [("2thr openblas-decides", 0, n), ("2thr serial-small", blas.SERIAL_MAX_WORK, n),
-             ("1thr", blas.SERIAL_MAX_WORK, 1)]
+    confs = [("2thr openblas-decides", 0, n), ("2thr serial-busy", blas.BUSY_BOUND, n),
+             ("2thr serial-quiet", blas.QUIET_BOUND, n), ("1thr", blas.BUSY_BOUND, 1)]
     for _ in range(2):
         prog.step(**feeds)
     res = {c[0]: [] for c in confs}

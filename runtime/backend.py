@@ -80,6 +80,9 @@ class CPU:
         configure()           # before numba starts its thread pool
         from .cpu.pointers import address
         self.address = address      # a numba function: ~0.2 us a call (every input, every step)
+        from .cpu.blas import adapt
+        self.before_step = adapt    # the Program calls it before each step: the one-thread
+                                    # bound of small GEMMs follows the machine's load
 
     def generate(self, kernels, plan):
         from .cpu.codegen import generate

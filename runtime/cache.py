@@ -105,6 +105,7 @@ def install_runtime_locator() -> None:
     class RuntimeLocator(caching._CacheLocator):
         def __init__(self, inner):
             self._inner = inner
+            self._py_file = getattr(inner, "_py_file", "")   # numba's "cannot cache" warning
 
         def get_cache_path(self):
             return self._inner.get_cache_path()
@@ -215,26 +216,100 @@ def _call_progress(done, total):
         pass
 
 
+# ---- compiling kernel modules in helper processes --------------------------------------------
+# numba compiles one module at a time, on one core: a cold llama training program (41 modules)
+# spent ~15 s there on a 2-core machine whose second core sat idle. With JITGRAPH_COMPILE_WORKERS
+# helper processes (default: one per core beyond the first, at most 3; 0: none) the modules not
+# yet in numba's cache are shared out: each helper imports its share (compiling it into numba's
+# disk cache) while this process compiles its own, then this process loads the helpers' share
+# from the cache. A helper that fails costs nothing but time: its modules are compiled here.
+MIN_PARALLEL_MODULES = 4
+
+
+def _in_numba_cache(path: Path) -> bool:
+    return any((path.parent / "__pycache__").glob(path.stem + ".*.nbi"))
+
+
+def compile_workers() -> int:
+    want = os.environ.get("JITGRAPH_COMPILE_WORKERS", "").strip()
+    if want:
+        if not want.isdigit():
+            raise ValueError(f"JITGRAPH_COMPILE_WORKERS={want!r}: expected a count (0: none)")
+        return int(want)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(0, min(cores - 1, 3))
+
+
+def _start_helpers(paths):
+    """Start helper processes compiling part of `paths` (the uncached ones); returns
+    ([(process, its paths)], the paths left to this process)."""
+    todo = [p for p in paths if not _in_numba_cache(p)]
+    n = min(compile_workers(), len(todo) // 2)
+    if n < 1 or len(todo) < MIN_PARALLEL_MODULES:
+        return [], paths
+    import subprocess
+    helpers = []
+    for w in range(n):
+        share = todo[w + 1::n + 1]
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from jitgraph.runtime.cache import "
+                 "compile_modules; compile_modules(sys.argv[1:])", *map(str, share)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**os.environ, "JITGRAPH_COMPILE_WORKERS": "0"})
+        except OSError:
+            continue
+        helpers.append((proc, share))
+    theirs = {p for _, share in helpers for p in share}
+    return helpers, [p for p in paths if p not in theirs] + [p for p in paths if p in theirs]
+
+
+def compile_modules(paths) -> None:
+    """A helper process's work: import each kernel module (numba compiles it into its cache)."""
+    from .cpu.threading import configure
+    configure()
+    from numba.np.ufunc.parallel import _launch_threads
+    _launch_threads()
+    for p in paths:
+        load(Path(p))
+
+
 def load_kernels(paths, fresh: bool = False) -> dict:
     """Load the kernel modules at `paths` (compiling each one's cfunc, or loading it from
-    numba's cache), register each kernel's address as the symbol `jitgraph_<name>` (what the
-    drivers call) and return {name: address}."""
+    numba's cache; uncached ones shared with helper processes, see above), register each
+    kernel's address as the symbol `jitgraph_<name>` (what the drivers call) and return
+    {name: address}."""
     from llvmlite import binding
     from numba.np.ufunc.parallel import _launch_threads
     _launch_threads()   # cached parallel kernels need the thread pool's symbols
     paths = list(paths)
+    helpers, order = ([], paths) if fresh else _start_helpers(paths)
+    waiting = {p: proc for proc, share in helpers for p in share}
     _call_progress(0, len(paths))
     out = {}
-    for i, path in enumerate(paths):
-        name = path.stem
-        modname = f"jitgraph_cache.{name}"
-        fn = getattr(load(path, fresh), name)
-        if modname not in _SEEN:
-            _SEEN.add(modname)
-            COUNTS["loaded" if fn.cache_hits else "compiled"] += 1
-        binding.add_symbol(f"jitgraph_{name}", fn.address)
-        out[name] = fn.address
-        _call_progress(i + 1, len(paths))
+    try:
+        for i, path in enumerate(order):
+            proc = waiting.get(path)
+            if proc is not None and proc.poll() is None:
+                proc.wait()     # its share is next: let it finish (else we compile it twice)
+            name = path.stem
+            modname = f"jitgraph_cache.{name}"
+            fn = getattr(load(path, fresh), name)
+            if modname not in _SEEN:
+                _SEEN.add(modname)
+                done_by_helper = proc is not None and proc.returncode == 0
+                COUNTS["compiled" if done_by_helper or not fn.cache_hits else "loaded"] += 1
+            binding.add_symbol(f"jitgraph_{name}", fn.address)
+            out[name] = fn.address
+            _call_progress(i + 1, len(paths))
+    finally:
+        for proc, _ in helpers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return out
 
 

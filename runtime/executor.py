@@ -150,6 +150,7 @@ class Program:
         self.copy_outputs = copy_outputs
         self._products, self._compiler = products, compiler
         self._driver, self._stats = products.driver, products.stats
+        self._tick = getattr(products.backend, "before_step", None)
         g, plan, backend = products.graph, products.memory, products.backend
         self.graph, self._plan, self._backend = g, plan, backend
         self._addr = _address = backend.address
@@ -329,6 +330,8 @@ class Program:
         return opt is not None and call % opt.accumulate == opt.accumulate - 1
 
     def _run(self):
+        if self._tick is not None:
+            self._tick()
         if self._hook is None or not self.applies_update():
             if self._phased:
                 self._driver(self._arena, self._persist, self._io, 0)

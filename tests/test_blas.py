@@ -117,6 +117,7 @@ def test_serial_gemm_bound_keeps_results(bound):
     the bound, and the previous bound comes back."""
     from jitgraph.runtime.cpu import blas
     rng = np.random.default_rng(3)
+    auto = blas._probe["auto"]
     was = blas.set_serial_max(bound)
     try:
         for m, n, k in ((8, 8, 8), (64, 48, 40), (200, 96, 130)):
@@ -128,3 +129,70 @@ def test_serial_gemm_bound_keeps_results(bound):
             np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * k)
     finally:
         assert blas.set_serial_max(was) == bound
+        blas._probe["auto"] = auto
+
+
+def test_serial_bound_follows_the_load(monkeypatch):
+    """adapt(): BUSY_BOUND from the start and whenever another runnable task was seen in 2 of
+    the last 4 probes, QUIET_BOUND after 3 quiet ones; probes at most every PROBE_SECONDS;
+    set_serial_max pins the bound; a machine without /proc/loadavg keeps the busy bound."""
+    from jitgraph.runtime.cpu import blas
+    assert blas.others_running() in (True, False, None)
+    was = blas._SERIAL_MAX.value
+    monkeypatch.setattr(blas, "_probe", {"auto": True, "next": 0.0, "seen": 0xF})
+    seen = []
+    monkeypatch.setattr(blas, "others_running", lambda: seen.pop(0))
+    clock = iter(range(0, 10 ** 6))
+    tick = lambda: float(next(clock))       # noqa: E731  (1 s apart: every call probes)
+    try:
+        bounds = []
+        for busy in [False] * 4 + [True, False, True, False] + [False] * 4:
+            seen.append(busy)
+            blas.adapt(tick)
+            bounds.append(blas._SERIAL_MAX.value)
+        B, Q = blas.BUSY_BOUND, blas.QUIET_BOUND
+        assert bounds[:4] == [B, B, Q, Q]                             # 3 quiet probes
+        assert bounds[4:6] == [Q] * 2                                 # one busy probe
+        assert bounds[6:8] == [B] * 2 and bounds[8:] == [Q] * 4       # two, until shifted out
+        blas._probe["next"] = 10 ** 9                                 # not due: no probe
+        blas.adapt(tick)
+        assert seen == [] and blas._SERIAL_MAX.value == Q
+        blas._probe["next"] = 0.0
+        blas.set_serial_max(123)
+        blas.adapt(tick)
+        assert blas._SERIAL_MAX.value == 123
+        blas._probe.update(auto=True)
+        seen.append(None)                       # unreadable: stop adapting, keep the bound
+        blas.adapt(tick)
+        assert blas._probe["auto"] is False and blas._SERIAL_MAX.value == 123
+    finally:
+        blas._SERIAL_MAX.value = was
+
+
+GOMP_CHECK = r"""
+import ctypes, ctypes.util, os, sys, warnings
+first = sys.argv[1] == "libgomp-first"
+if first:
+    ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")   # as `import torch` does
+import jitgraph as jg
+if not first:
+    ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    g = jg.Graph("g"); g.output(y=g.input("x", (4,)) * 2.0)
+    jg.compile(g)
+print(os.environ["OMP_WAIT_POLICY"], any("OMP_WAIT_POLICY" in str(x.message) for x in w))
+"""
+
+
+@pytest.mark.parametrize("order", ["libgomp-first", "jitgraph-first"])
+def test_omp_wait_policy_is_set_at_import_and_a_late_one_is_named(order):
+    """libgomp reads OMP_WAIT_POLICY once, when it loads, and numba's pool shares the copy another
+    library loaded first: `import jitgraph` sets PASSIVE before any later load; a libgomp loaded
+    earlier with the variable unset (torch imported first) gets a warning naming the fix."""
+    import ctypes.util
+    if not ctypes.util.find_library("gomp"):
+        pytest.skip("no libgomp on this machine")
+    code = GOMP_CHECK.replace("sys.argv[1]", repr(order))
+    assert _run(code, without=("OMP_WAIT_POLICY",)).split() == \
+        ["PASSIVE", str(order == "libgomp-first")]

@@ -206,6 +206,12 @@ def _forward_cases():
     g.output(k2=k2, v2=ops.set_rows(vt, i, r * 3.0, axis=2, f16=True),
              o=ops.kv_attention(q, k2, vt, i), o16=ops.kv_attention(q, kt, vt, i, f16=True))
     cases.append(g)
+    g = Graph("attention")
+    q, k, v = g.input("q", (2, 5, 4, 3)), g.input("k", (2, 5, 2, 3)), g.input("v", (2, 5, 2, 3))
+    o = ops.attention(q, k, v)
+    g.output(o=o, back=apply("attention_back", q, k, v, o, g.input("go", (2, 5, 4, 3)),
+                             scale=0.7))
+    cases.append(g)
     return cases
 
 

@@ -366,7 +366,12 @@ def test_transformer_block_target(fuse):
     print(f"transformer_block fuse={fuse}: {m.summary()}")
     # issue 6's naive plan held the inputs too; they are read where they lie now (issue 16)
     naive = m.naive_bytes + sum(-(-s.nbytes // ALIGN) * ALIGN for s in m.inputs.values())
-    assert m.arena_bytes <= 0.4 * naive
+    # issue 6 asked for <= 0.4 x naive when attention was composed from primitives (fused: 35.9
+    # of 90.2 MB); as one op (ops/attention.py) its S x S intermediates are gone from both
+    # plans (naive 67.9 MB, arena 33.8 MB): the arena must stay at its lower bound and halve
+    # the naive plan
+    assert m.arena_bytes <= 0.5 * naive
+    assert m.arena_bytes <= 1.02 * m.lower_bound
 
 
 # ---- targets (issue 8) -------------------------------------------------------------------------

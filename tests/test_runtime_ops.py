@@ -247,9 +247,24 @@ def test_kv_cache_ops_match_interpreter(dt):
     np.testing.assert_array_equal(prog.params["cache"], params["cache"])
 
 
+def attention_graph(dt):
+    """attention (GQA, 4 query heads over 2) and attention_back on a given output gradient."""
+    g = jg.Graph(f"attention_{dt}")
+    q, k, v = (g.input(n, (2, 7, h, 5), dt) for n, h in (("q", 4), ("k", 2), ("v", 2)))
+    o = jg.attention(q, k, v)
+    g.output(o=o, back=jg.ops.apply("attention_back", q, k, v, o, g.input("go", o.shape, dt),
+                                    scale=0.6))
+    return g
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_attention_matches_interpreter(dt):
+    check(attention_graph(dt))
+
+
 def test_every_registered_op_is_covered_by_these_tests():
     graphs = [elementwise_graph("f32"), int_graph(), reduce_graph("f32"), matmul_graph("f32"),
-              library_training_graph(), kv_graph("f32")]
+              library_training_graph(), kv_graph("f32"), attention_graph("f32")]
     covered = {n.op for g in graphs for n in g.nodes}
     missing = set(OPS) - covered - {"test_only_op"}
     assert not missing, f"ops without a compiled-vs-interpreter test: {sorted(missing)}"

@@ -15,6 +15,8 @@ NORM mode (LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i], x[2i+1]), angle pos * ba
 the first rope_dims of each head (the rest pass through); attention is causal, scaled by
 1/sqrt(head_dim), with kv_heads < heads (GQA) sharing each K/V head between heads/kv_heads
 consecutive query heads (query head h reads kv head h // (heads / kv_heads), as ggml broadcasts).
+Attention is one op (ops.attention: its kernel never stores the S x S scores, its backward
+recomputes them), except with kv_f16, which composes it from primitives to round as llama.cpp.
 """
 from __future__ import annotations
 
@@ -179,20 +181,21 @@ def _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16):
     def proj(name, heads, rotate):
         t = ops.matmul(x, _w(g, p + name, shapes[p + name], dtype), tb=True)
         t = ops.reshape(t, (batch, seq, heads, hd))
-        t = _rope(cfg, t, pos) if rotate else t
-        return ops.permute(t, (0, 2, 1, 3))                         # [B, heads, S, hd]
+        return _rope(cfg, t, pos) if rotate else t                   # [B, S, heads, hd]
 
     q = proj("attn_q.weight", h, True)
     k = proj("attn_k.weight", hkv, True)
     v = proj("attn_v.weight", hkv, False)
-    f16 = round_f16 if kv_f16 else (lambda t: t)
-    q, k, v = f16(q), f16(k), f16(v)
-    # GQA without copies: the `rep` query heads of one kv head are stacked along the rows
-    q = ops.reshape(q, (batch, hkv, rep * seq, hd))
-    kq = ops.scale(ops.matmul(q, k, tb=True), 1.0 / math.sqrt(hd))  # [B, Hkv, rep*S, S]
-    kq = ops.softmax(ops.causal_mask(ops.reshape(kq, (batch, h, seq, seq))))
-    att = ops.matmul(f16(ops.reshape(kq, (batch, hkv, rep * seq, seq))), v)  # [B,Hkv,rep*S,hd]
-    att = ops.permute(ops.reshape(att, (batch, h, seq, hd)), (0, 2, 1, 3))
+    if not kv_f16:          # one op: the S x S scores are never stored (ops/attention.py)
+        att = ops.attention(q, k, v, scale=1.0 / math.sqrt(hd))       # [B, S, H, hd]
+    else:                   # llama.cpp's F16 rounding of q, K, V and the probabilities
+        q, k, v = (round_f16(ops.permute(t, (0, 2, 1, 3))) for t in (q, k, v))
+        # GQA without copies: the `rep` query heads of one kv head are stacked along the rows
+        q = ops.reshape(q, (batch, hkv, rep * seq, hd))
+        kq = ops.scale(ops.matmul(q, k, tb=True), 1.0 / math.sqrt(hd))  # [B, Hkv, rep*S, S]
+        kq = ops.softmax(ops.causal_mask(ops.reshape(kq, (batch, h, seq, seq))))
+        att = ops.matmul(round_f16(ops.reshape(kq, (batch, hkv, rep * seq, seq))), v)
+        att = ops.permute(ops.reshape(att, (batch, h, seq, hd)), (0, 2, 1, 3))
     att = ops.reshape(att, (batch * seq, d))
     return ops.matmul(att, _w(g, p + "attn_output.weight", (d, d), dtype), tb=True)
 

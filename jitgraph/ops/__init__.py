@@ -14,5 +14,6 @@ from .loss import *  # noqa: F401,F403
 from .marks import checkpoint  # noqa: F401
 from .f16 import round_f16  # noqa: F401
 from .kv import kv_attention, set_rows  # noqa: F401
+from .attention import attention  # noqa: F401
 from . import update as _update  # noqa: F401  (registers the fused optimizer-update ops)
 from . import tensor_methods as _tensor_methods  # noqa: F401  (installs Tensor's operators)

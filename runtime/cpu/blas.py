@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 import warnings
 
 from llvmlite import binding as llvm
@@ -149,28 +150,64 @@ _dgemm = _extern("jitgraph_dgemm64", _address("dgemm", types.float64), types.flo
 _N, _T = 78, 84   # ord("N"), ord("T")
 
 # ---- one BLAS thread for small GEMMs ---------------------------------------------------------
-# OpenBLAS splits every sgemm above m*n*k = 64^3 over its threads. A GEMM of a small model (the
-# stories260K and width-128 llama steps: m*n*k <= 2^26) gains little from a second thread on
-# an idle machine, and loses a scheduling delay whenever the cores are busy: the second thread
-# must be woken and scheduled before the call returns. Measured on the shared 2-core host under
-# load (load average ~4): a 64x64 (k 2048) weight gradient took 0.2 ms on one thread, 12 ms (the
-# default OPENBLAS_THREAD_TIMEOUT) to 80 ms (timeout 4) on two; a whole stories260K finetuning
-# step 875 ms on two threads against 98 ms on one. So GEMMs with m*n*k <= SERIAL_MAX_WORK run on
-# one thread (OpenBLAS's thread count set to 1 around the call and restored: two stores, no
-# thread is created or stopped); larger ones use the configured count.
-# JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> overrides the bound (0: OpenBLAS decides alone), as does
+# OpenBLAS splits every sgemm above m*n*k = 64^3 over its threads. On an idle machine that pays
+# from ~2^22: a 2048x128x128 GEMM runs 0.36 ms on two threads against 0.67 ms on one. But each
+# split GEMM must wait for its second thread to be scheduled before it returns, and on a busy
+# machine that wait dominates: measured on the shared 2-core host under load (load average ~4),
+# a 64x64 (k 2048) weight gradient took 0.2 ms on one thread, 12 ms (the default
+# OPENBLAS_THREAD_TIMEOUT) to 80 ms (timeout 4) on two; a whole stories260K finetuning step
+# 875 ms on two threads against 98 ms on one. So GEMMs with m*n*k <= the bound run on one thread
+# (OpenBLAS's thread count set to 1 around the call and restored: two stores, no thread is
+# created or stopped), and the bound follows the machine (adapt(), called by the program before
+# each step, at most every PROBE_SECONDS): QUIET_BOUND while no other task is runnable when a
+# step starts (/proc/loadavg's running count is 1: this thread), BUSY_BOUND when another was
+# seen in 2 of the last 4 probes. Quiet 2-core host, 2 threads, wall ms per step: width-128
+# llama training 141 -> 101, stories260K full finetune 67 -> 52 (bench/llama_threads.py).
+# JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: OpenBLAS decides alone), as does
 # set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
-SERIAL_MAX_WORK = int(os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip() or 1 << 26)
+QUIET_BOUND, BUSY_BOUND = 1 << 22, 1 << 26
+PROBE_SECONDS = 0.05
+_FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
+SERIAL_MAX_WORK = int(_FIXED or BUSY_BOUND)
 _SERIAL_MAX = ctypes.c_int64(SERIAL_MAX_WORK)
 llvm.add_symbol("jitgraph_blas_serial_max", ctypes.addressof(_SERIAL_MAX))
+_probe = {"auto": not _FIXED and os.path.exists("/proc/loadavg"), "next": 0.0, "seen": 0xF}
 
 
 def set_serial_max(work: int) -> int:
     """Run GEMMs with m*n*k <= work on one BLAS thread (0: leave every GEMM to OpenBLAS's
-    own choice); returns the previous bound."""
+    own choice), from now on (the load no longer moves it); returns the previous bound."""
     was = _SERIAL_MAX.value
     _SERIAL_MAX.value = int(work)
+    _probe["auto"] = False
     return was
+
+
+def others_running() -> bool | None:
+    """Whether a task other than this thread is runnable now (Linux: /proc/loadavg's
+    running count, which includes the reader), or None when that cannot be read."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[0]) > 1
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def adapt(now=time.monotonic) -> None:
+    """Move the one-thread bound with the machine's load (see above); cheap when called often."""
+    p = _probe
+    if not p["auto"]:
+        return
+    t = now()
+    if t < p["next"]:
+        return
+    p["next"] = t + PROBE_SECONDS
+    busy = others_running()
+    if busy is None:
+        p["auto"] = False
+        return
+    p["seen"] = ((p["seen"] << 1) | busy) & 0xF
+    _SERIAL_MAX.value = BUSY_BOUND if bin(p["seen"]).count("1") >= 2 else QUIET_BOUND
 
 
 @intrinsic

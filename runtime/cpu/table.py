@@ -116,6 +116,11 @@ TABLE = {
     "set_rows": Library("set_rows", lambda n: [n.attr["axis"], n.attr["f16"]]),
     "kv_attention": Library("kv_attention", lambda n: [n.attr["scale"], n.attr["f16"]],
                             lambda lib, shapes, n: lib.workspace_size_kv_attention(*shapes[:2])),
+    "attention": Library("attention", lambda n: [n.attr["scale"]],
+                         lambda lib, shapes, n: lib.workspace_size_attention(*shapes[:2])),
+    "attention_back": Library(
+        "attention_back", lambda n: [n.attr["scale"]],
+        lambda lib, shapes, n: lib.workspace_size_attention_back(*shapes[:2])),
     "max_pool2d": Library("max_pool2d", _pool),
     "max_pool2d_back": Library("max_pool2d_back", _pool),
     "avg_pool2d": Library("avg_pool2d", _pool),

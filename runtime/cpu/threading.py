@@ -11,7 +11,13 @@ calls `configure()` first; libgomp reads OMP_WAIT_POLICY when the pool starts). 
                          OpenMP threads spin after each parallel kernel and starve OpenBLAS's
                          threads (a GEMM after a prange kernel ran 3x slower; whole MLP steps
                          10-16x slower, DESIGN.md). Passive makes each launch costlier, which
-                         is why small kernels run serially (lower.PARALLEL_MIN_WORK).
+                         is why small kernels run serially (lower.PARALLEL_MIN_WORK). libgomp
+                         reads it once, when it loads, and one libgomp serves the whole process
+                         (numba's pool uses the copy another library, such as torch, loaded
+                         first): so it is set at `import jitgraph`, and a libgomp loaded
+                         before that with the variable unset gets a warning when jitgraph
+                         first compiles (a 2-thread llama step: 197 ms after `import torch`
+                         first, 122 ms with PASSIVE).
   OPENBLAS_THREAD_TIMEOUT default "4": OpenBLAS's threads spin for 2**N cycles after each GEMM
                          before sleeping (N=28 by default). Spinning, they take the cores from
                          the parallel kernel that follows: a dW GEMM + fused Adam update ran in
@@ -37,9 +43,30 @@ DEFAULTS = {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "PASSIVE",
             "OPENBLAS_THREAD_TIMEOUT": "4"}
 
 
+_EARLY_GOMP = []     # libgomp already loaded at `import jitgraph`, OMP_WAIT_POLICY unset then
+
+
+def _loaded_libgomp() -> str | None:
+    """Path of a libgomp mapped into this process (Linux: /proc/self/maps), or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libgomp" in line:
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return None
+
+
 def set_blas_defaults() -> None:
-    """Environment OpenBLAS reads when it loads (called by `import jitgraph`, before numpy)."""
+    """Environment OpenBLAS and libgomp read when they load (called by `import jitgraph`, before
+    numpy)."""
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", DEFAULTS["OPENBLAS_THREAD_TIMEOUT"])
+    if "OMP_WAIT_POLICY" not in os.environ:
+        early = _loaded_libgomp()
+        if early:
+            _EARLY_GOMP.append(early)
+        os.environ["OMP_WAIT_POLICY"] = DEFAULTS["OMP_WAIT_POLICY"]
 
 
 def configure() -> dict:
@@ -54,6 +81,12 @@ def configure() -> dict:
         warnings.warn("jitgraph: numba's thread pool started before jitgraph configured "
                       "threading; set OMP_WAIT_POLICY=PASSIVE yourself to keep BLAS threads "
                       "from starving", RuntimeWarning, stacklevel=3)
+    if _EARLY_GOMP and env.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        warnings.warn(f"jitgraph: an OpenMP runtime ({_EARLY_GOMP.pop()}) was loaded before "
+                      "jitgraph, with OMP_WAIT_POLICY unset; numba's parallel kernels share it, "
+                      "and its idle threads spin and starve OpenBLAS's (a 2-thread llama step "
+                      "1.6x slower): import jitgraph before torch, or export "
+                      "OMP_WAIT_POLICY=PASSIVE", RuntimeWarning, stacklevel=3)
     if "numba" in sys.modules and "NUMBA_THREADING_LAYER" not in env:
         sys.modules["numba"].config.THREADING_LAYER = DEFAULTS["NUMBA_THREADING_LAYER"]
     for k, v in DEFAULTS.items():

@@ -1211,3 +1211,82 @@ def kv_attention(ctx, n, note="") -> list:
           f"            acc += {w}[b, j] * {va}[gk, d, j]", f"        {o}[s, h, d] = acc",
           "        d += TPB", "    cuda.syncthreads()", "    b += cuda.gridDim.x"]
     return [src.finish((ctx.blocks(S * H, 1),), (ctx.tpb,), note)]
+
+
+# ---- causal self-attention (ops/attention.py) ---------------------------------------------------
+def _attention_args(ctx, src, n):
+    q, k, v = (ctx.g.nodes[i] for i in n.inputs[:3])
+    B, S, H, D = q.type.shape
+    Hkv = k.type.shape[2]
+    return (B, S, H, Hkv, D, src.arg(ctx.ref(q.id, (B, S, H, D))),
+            src.arg(ctx.ref(k.id, (B, S, Hkv, D))), src.arg(ctx.ref(v.id, (B, S, Hkv, D))))
+
+
+def attention(ctx, n, note="") -> list:
+    """attention: one thread per query row (b, i, h), online softmax over keys j <= i (running
+    maximum and sum, the accumulator rescaled as the maximum grows: flash attention's forward),
+    the output row in a local array."""
+    dt = n.type.dtype
+    T = NP_DTYPE[dt]
+    src = Source(ctx)
+    B, S, H, Hkv, D, qa, ka, va = _attention_args(ctx, src, n)
+    if n.type.size == 0:
+        return []
+    o = src.arg(ctx.ref(n.id, (B, S, H, D)), "o")
+    scale = typed_literal(float(n.attr["scale"]), dt)
+    body = [f"g = h // {H // Hkv}", f"acc = cuda.local.array({D}, {T})",
+            f"for d in range({D}):", f"    acc[d] = {T}(0.0)",
+            f"m = {T}(-math.inf)", "l = 0.0", "for j in range(i + 1):",
+            f"    s = {T}(0.0)", f"    for d in range({D}):",
+            f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]",
+            f"    s = s * {scale}", "    mn = max(m, s)",
+            f"    c = {T}(math.exp(np.float64(m - mn))) if m > -math.inf else {T}(0.0)",
+            f"    pj = {T}(math.exp(np.float64(s - mn)))", "    l = l * c + pj",
+            f"    for d in range({D}):", f"        acc[d] = acc[d] * c + pj * {va}[b, j, g, d]",
+            "    m = mn", f"inv = {T}(1.0 / l)",
+            f"for d in range({D}):", f"    {o}[b, i, h, d] = acc[d] * inv"]
+    return [_per_element(ctx, src, (B, S, H), ("b", "i", "h"), body, note)]
+
+
+def attention_back(ctx, n, note="") -> list:
+    """attention_back: the dk and dv parts zeroed, then one thread per query row (b, i, h):
+    the row's maximum and sum, dout . out, then per key j <= i the probability p, ds = scale p
+    (dout . v_j - dout . out), dq accumulated locally, dk and dv added with atomics (the query
+    heads of a kv head and every later row add into the same key)."""
+    dt = n.type.dtype
+    T = NP_DTYPE[dt]
+    src = Source(ctx)
+    B, S, H, Hkv, D, qa, ka, va = _attention_args(ctx, src, n)
+    out, dout = (ctx.g.nodes[i] for i in n.inputs[3:])
+    oa, ga = src.arg(ctx.ref(out.id, (B, S, H, D))), src.arg(ctx.ref(dout.id, (B, S, H, D)))
+    nq, nk = B * S * H * D, B * S * Hkv * D
+    s_ = ctx.plan.slots[n.id]
+    base = s_.pointer if s_.region in CALLER else s_.region
+    itemsize = n.type.nbytes // max(n.type.size, 1)
+    launches = [fill_words(ctx, _words(base, s_.offset + nq * itemsize, 2 * nk * itemsize),
+                           note + " zero dk dv")]
+    r = src.arg(ctx.ref(n.id), "o")
+    scale = typed_literal(float(n.attr["scale"]), dt)
+    body = [f"g = h // {H // Hkv}", f"dq = cuda.local.array({D}, {T})",
+            f"for d in range({D}):", f"    dq[d] = {T}(0.0)",
+            f"m = {T}(-math.inf)", "for j in range(i + 1):", f"    s = {T}(0.0)",
+            f"    for d in range({D}):", f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]",
+            f"    m = max(m, s * {scale})", "l = 0.0", "for j in range(i + 1):",
+            f"    s = {T}(0.0)", f"    for d in range({D}):",
+            f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]",
+            "    l += math.exp(np.float64(s * " + scale + " - m))",
+            f"di = {T}(0.0)", f"for d in range({D}):",
+            f"    di += {ga}[b, i, h, d] * {oa}[b, i, h, d]",
+            "for j in range(i + 1):", f"    s = {T}(0.0)", f"    dp = {T}(0.0)",
+            f"    for d in range({D}):", f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]",
+            f"        dp += {ga}[b, i, h, d] * {va}[b, j, g, d]",
+            f"    p = {T}(math.exp(np.float64(s * {scale} - m)) / l)",
+            f"    ds = p * (dp - di) * {scale}",
+            f"    kb = {nq} + ((b * {S} + j) * {Hkv} + g) * {D}",
+            f"    for d in range({D}):", f"        dq[d] += ds * {ka}[b, j, g, d]",
+            f"        cuda.atomic.add({r}, kb + d, ds * {qa}[b, i, h, d])",
+            f"        cuda.atomic.add({r}, kb + {nk} + d, p * {ga}[b, i, h, d])",
+            f"qb = ((b * {S} + i) * {H} + h) * {D}",
+            f"for d in range({D}):", f"    {r}[qb + d] = dq[d]"]
+    launches.append(_per_element(ctx, src, (B, S, H), ("b", "i", "h"), body, note))
+    return launches

@@ -54,6 +54,8 @@ TABLE = {
     "pad": codegen.pad,
     "set_rows": codegen.set_rows,
     "kv_attention": codegen.kv_attention,
+    "attention": codegen.attention,
+    "attention_back": codegen.attention_back,
     **{op: (lambda ctx, n, note: codegen.rows(ctx, n, note=note)) for op in codegen.ROWS},
 }
 

@@ -1,0 +1,138 @@
+"""The attention op (jitgraph/ops/attention.py) and its CPU kernels (runtime/cpu/lib_attention.py):
+the reference against the same attention composed from primitive ops (matmul, scale,
+causal_mask, softmax, permute), its gradient against finite differences in float64, the
+compiled forward and backward against the interpreter (serial and prange paths, GQA), the
+llama builder using it, and the shape errors."""
+import math
+
+import numpy as np
+import pytest
+
+import jitgraph as jg
+from jitgraph import interp, ops
+from jitgraph.testing import check_grad
+from jitgraph.types import ShapeError
+
+NP = {"f32": np.float32, "f64": np.float64}
+
+
+def composed(q, k, v):
+    """Causal GQA attention from primitive ops, as llama_forward wrote it before the op."""
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    rep = H // Hkv
+    qp = ops.reshape(ops.permute(q, (0, 2, 1, 3)), (B, Hkv, rep * S, D))
+    kp, vp = ops.permute(k, (0, 2, 1, 3)), ops.permute(v, (0, 2, 1, 3))
+    kq = ops.scale(ops.matmul(qp, kp, tb=True), 1.0 / math.sqrt(D))
+    kq = ops.softmax(ops.causal_mask(ops.reshape(kq, (B, H, S, S))))
+    att = ops.matmul(ops.reshape(kq, (B, Hkv, rep * S, S)), vp)
+    return ops.permute(ops.reshape(att, (B, H, S, D)), (0, 2, 1, 3))
+
+
+def feeds(B, S, H, Hkv, D, dt, seed=0):
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(NP[dt]) for n, s in
+            (("q", (B, S, H, D)), ("k", (B, S, Hkv, D)), ("v", (B, S, Hkv, D)))}
+
+
+def graph(f, dt, loss=False):
+    g = jg.Graph("att")
+    q, k, v = (g.input(n, x.shape, dt) for n, x in f.items())
+    y = ops.attention(q, k, v)
+    if loss:
+        r = g.input("r", y.shape, dt)
+        g.output(loss=ops.sum(y * r), y=y)
+    else:
+        g.output(y=y, z=composed(q, k, v))
+    return g
+
+
+SHAPES = [(2, 5, 4, 2, 3), (3, 17, 4, 4, 8), (1, 1, 2, 1, 4), (16, 64, 8, 4, 8)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_reference_and_kernel_equal_the_composition(shape):
+    """f64: the op's reference == the composed primitives; the compiled kernel (the last shape
+    takes the prange path) == both; f32 within float rounding."""
+    for dt, tol in (("f64", 1e-12), ("f32", 2e-6)):
+        f = feeds(*shape, dt)
+        g = graph(f, dt)
+        ref = interp.run(g, f)
+        np.testing.assert_allclose(ref["y"], ref["z"], atol=tol, rtol=0)
+        out = jg.compile(g).run(**f)
+        np.testing.assert_allclose(out["y"], ref["z"], atol=tol, rtol=0)
+        np.testing.assert_allclose(out["z"], ref["z"], atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 4, 2, 3), (1, 6, 2, 2, 2)])
+def test_gradient_against_finite_differences(shape):
+    """The vjp (attention_back's reference, then slices) against central differences in f64,
+    with respect to q, k and v (GQA in the first shape)."""
+    B, S, H, Hkv, D = shape
+    rng = np.random.default_rng(3)
+    params = {"q": rng.standard_normal((B, S, H, D)), "k": rng.standard_normal((B, S, Hkv, D)),
+              "v": rng.standard_normal((B, S, Hkv, D))}
+    g = jg.Graph("t")
+    q, k, v = (g.param(n, x.shape, "f64") for n, x in params.items())
+    g.output(out=ops.attention(q, k, v))
+    res = check_grad(g, {}, params, max_elements=48)
+    for n in params:
+        assert res.errors[n][2] > 0, res
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 4, 2, 3), (16, 64, 8, 4, 8), (4, 48, 4, 4, 32)])
+@pytest.mark.parametrize("dt", ["f64", "f32"])
+def test_compiled_backward_equals_the_interpreter(shape, dt):
+    """Gradients of sum(attention(q, k, v) * r) w.r.t. q, k, v: the compiled attention_back
+    kernel (serial and prange paths) against the interpreter running the references, and in
+    f64 against the gradients of the composed primitives."""
+    f = feeds(*shape, dt)
+    f["r"] = np.random.default_rng(9).standard_normal(
+        (shape[0], shape[1], shape[2], shape[4])).astype(NP[dt])
+    g = graph({n: f[n] for n in "qkv"}, dt, loss=True)
+    gg = jg.grad(g, "loss", wrt=[], inputs=["q", "k", "v"])
+    want = interp.run(gg, f)
+    got = jg.compile(gg).run(**f)
+    tol = 1e-11 if dt == "f64" else 2e-5
+    for n in "qkv":
+        w = want[f"grad/{n}"]
+        np.testing.assert_allclose(got[f"grad/{n}"], w, atol=tol * max(1.0, np.abs(w).max()))
+    if dt == "f64":
+        gc = jg.Graph("c")
+        q, k, v = (gc.input(n, f[n].shape, dt) for n in "qkv")
+        gc.output(loss=ops.sum(composed(q, k, v) * gc.input("r", f["r"].shape, dt)))
+        ref = interp.run(jg.grad(gc, "loss", wrt=[], inputs=["q", "k", "v"]), f)
+        for n in "qkv":
+            np.testing.assert_allclose(got[f"grad/{n}"], ref[f"grad/{n}"], atol=1e-10)
+
+
+def test_llama_trains_through_the_op():
+    """llama_forward uses attention (no causal_mask, no S x S scores) unless kv_f16 asks for
+    llama.cpp's rounding; its training step's loss equals the interpreter's."""
+    from jitgraph.models.llama import LlamaConfig, llama_forward
+    cfg = LlamaConfig(vocab=40, dim=16, layers=1, heads=4, kv_heads=2, ff=24, ctx=8)
+    g = llama_forward(cfg, 2, 8, labels=True)
+    opnames = {n.op for n in g.nodes}
+    assert "attention" in opnames and "causal_mask" not in opnames
+    assert "attention" not in {n.op for n in llama_forward(cfg, 2, 8, kv_f16=True).nodes}
+    prog = jg.compile(g, loss="loss", optimizer=jg.optim.SGD(lr=0.1), seed=0)
+    params = {k: np.array(v) for k, v in prog.params.items()}
+    rng = np.random.default_rng(0)
+    t = rng.integers(0, cfg.vocab, (2, 9)).astype(np.int32)
+    f = dict(tokens=np.ascontiguousarray(t[:, :-1]), labels=np.ascontiguousarray(t[:, 1:]),
+             pos=np.arange(8, dtype=np.int32))
+    want = interp.run(g, f, params)["loss"]
+    assert abs(float(prog.step(**f)["loss"]) - float(want)) < 1e-5
+    assert "attention_back" in {n.op for n in prog.graph.nodes}
+
+
+def test_shape_errors_name_the_operands():
+    g = jg.Graph("e")
+    q = g.input("q", (2, 4, 3, 8))
+    with pytest.raises(ShapeError, match="multiple of kv_heads"):
+        ops.attention(q, g.input("k", (2, 4, 2, 8)), g.input("v", (2, 4, 2, 8)))
+    with pytest.raises(ShapeError, match="head_dim must match"):
+        ops.attention(q, g.input("k2", (2, 4, 3, 4)), g.input("v2", (2, 4, 3, 4)))
+    with pytest.raises(ShapeError, match="batch, seq, heads, head_dim"):
+        ops.attention(g.input("q3", (4, 3, 8)), g.input("k3", (4, 3, 8)),
+                      g.input("v3", (4, 3, 8)))
