@@ -133,40 +133,40 @@ def test_serial_gemm_bound_keeps_results(bound):
 
 
 def test_serial_bound_follows_the_load(monkeypatch):
-    """adapt(): BUSY_BOUND from the start and whenever another runnable task was seen in 2 of
-    the last 4 probes, QUIET_BOUND after 3 quiet ones; probes at most every PROBE_SECONDS;
-    set_serial_max pins the bound; a machine without /proc/loadavg keeps the busy bound."""
+    """adapt(): BUSY_BOUND until a first interval is measured, QUIET_BOUND while the process's
+    threads wait for no core, BUSY_BOUND for HOLD_SECONDS after two intervals running in which
+    their run delay exceeded RUN_DELAY_BUSY of the wall time (one alone is a burst); probes at most every PROBE_SECONDS;
+    set_serial_max pins the bound; an unreadable run delay stops the adapting."""
     from jitgraph.runtime.cpu import blas
-    assert blas.others_running() in (True, False, None)
-    was = blas._SERIAL_MAX.value
-    monkeypatch.setattr(blas, "_probe", {"auto": True, "next": 0.0, "seen": 0xF})
-    seen = []
-    monkeypatch.setattr(blas, "others_running", lambda: seen.pop(0))
-    clock = iter(range(0, 10 ** 6))
-    tick = lambda: float(next(clock))       # noqa: E731  (1 s apart: every call probes)
-    try:
-        bounds = []
-        for busy in [False] * 4 + [True, False, True, False] + [False] * 4:
-            seen.append(busy)
-            blas.adapt(tick)
-            bounds.append(blas._SERIAL_MAX.value)
-        B, Q = blas.BUSY_BOUND, blas.QUIET_BOUND
-        assert bounds[:4] == [B, B, Q, Q]                             # 3 quiet probes
-        assert bounds[4:6] == [Q] * 2                                 # one busy probe
-        assert bounds[6:8] == [B] * 2 and bounds[8:] == [Q] * 4       # two, until shifted out
-        blas._probe["next"] = 10 ** 9                                 # not due: no probe
-        blas.adapt(tick)
-        assert seen == [] and blas._SERIAL_MAX.value == Q
-        blas._probe["next"] = 0.0
-        blas.set_serial_max(123)
-        blas.adapt(tick)
-        assert blas._SERIAL_MAX.value == 123
-        blas._probe.update(auto=True)
-        seen.append(None)                       # unreadable: stop adapting, keep the bound
-        blas.adapt(tick)
-        assert blas._probe["auto"] is False and blas._SERIAL_MAX.value == 123
-    finally:
-        blas._SERIAL_MAX.value = was
+    d = blas.run_delay_ns()
+    assert d is None or d >= 0
+    monkeypatch.setattr(blas, "_probe", {"auto": True, "next": 0.0, "last": None, "hold": 0.0,
+                                         "waited": False})
+    monkeypatch.setattr(blas, "_SERIAL_MAX", type(blas._SERIAL_MAX)(blas.BUSY_BOUND))
+    delays = []
+    monkeypatch.setattr(blas, "run_delay_ns", lambda: delays.pop(0))
+    B, Q = blas.BUSY_BOUND, blas.QUIET_BOUND
+    ms = 1e6                                      # ns in a millisecond
+
+    def probe(t, delay):
+        delays.append(delay)
+        blas.adapt(lambda: t)
+        return blas._SERIAL_MAX.value
+
+    assert probe(0.0, 0) == B                                 # nothing measured yet
+    assert probe(1.0, 10 * ms) == Q                           # 1 % of a second waiting
+    assert probe(1.01, 10 * ms) == Q and delays == [10 * ms]  # not due: no probe
+    delays.clear()
+    assert probe(2.0, 110 * ms) == Q                          # 10 % once: a burst
+    assert probe(3.0, 111 * ms) == Q
+    assert probe(4.0, 211 * ms) == Q and probe(5.0, 311 * ms) == B   # twice running: busy
+    assert probe(6.0, 311 * ms) == B and probe(9.9, 312 * ms) == B   # held
+    assert probe(10.1, 312 * ms) == Q                         # the hold is over
+    blas.set_serial_max(123)
+    assert probe(11.0, 999 * ms) == 123 and delays == [999 * ms]   # pinned
+    delays.clear()
+    blas._probe.update(auto=True, next=0.0)
+    assert probe(12.0, None) == 123 and blas._probe["auto"] is False
 
 
 GOMP_CHECK = r"""

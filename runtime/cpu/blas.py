@@ -159,19 +159,22 @@ _N, _T = 78, 84   # ord("N"), ord("T")
 # 875 ms on two threads against 98 ms on one. So GEMMs with m*n*k <= the bound run on one thread
 # (OpenBLAS's thread count set to 1 around the call and restored: two stores, no thread is
 # created or stopped), and the bound follows the machine (adapt(), called by the program before
-# each step, at most every PROBE_SECONDS): QUIET_BOUND while no other task is runnable when a
-# step starts (/proc/loadavg's running count is 1: this thread), BUSY_BOUND when another was
-# seen in 2 of the last 4 probes. Quiet 2-core host, 2 threads, wall ms per step: width-128
-# llama training 141 -> 101, stories260K full finetune 67 -> 52 (bench/llama_threads.py).
+# each step, at most every PROBE_SECONDS): QUIET_BOUND while this process's threads do not wait
+# for a core, BUSY_BOUND for HOLD_SECONDS after they did in two probe intervals running (their
+# run delay, /proc/self/task/*/schedstat, above RUN_DELAY_BUSY of the wall time: the very wait
+# that makes split GEMMs slow; one interval alone is often a neighbour's burst, such as another
+# process's OpenMP threads spinning down). Starts at BUSY_BOUND until an interval is measured. Quiet
+# 2-core host, 2 threads, wall ms per step: width-128 llama training 141 -> 101, stories260K full
+# finetune 67 -> 52 (bench/llama_threads.py).
 # JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: OpenBLAS decides alone), as does
 # set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
 QUIET_BOUND, BUSY_BOUND = 1 << 22, 1 << 26
-PROBE_SECONDS = 0.05
+PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY = 0.05, 5.0, 0.05
 _FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
 SERIAL_MAX_WORK = int(_FIXED or BUSY_BOUND)
 _SERIAL_MAX = ctypes.c_int64(SERIAL_MAX_WORK)
 llvm.add_symbol("jitgraph_blas_serial_max", ctypes.addressof(_SERIAL_MAX))
-_probe = {"auto": not _FIXED and os.path.exists("/proc/loadavg"), "next": 0.0, "seen": 0xF}
+_probe = {"auto": not _FIXED, "next": 0.0, "last": None, "hold": 0.0, "waited": False}
 
 
 def set_serial_max(work: int) -> int:
@@ -183,14 +186,22 @@ def set_serial_max(work: int) -> int:
     return was
 
 
-def others_running() -> bool | None:
-    """Whether a task other than this thread is runnable now (Linux: /proc/loadavg's
-    running count, which includes the reader), or None when that cannot be read."""
+def run_delay_ns() -> int | None:
+    """Nanoseconds this process's threads have spent runnable but waiting for a core (Linux:
+    the sum over /proc/self/task/*/schedstat), or None when that cannot be read."""
     try:
-        with open("/proc/loadavg", "rb") as f:
-            return int(f.read().split()[3].split(b"/")[0]) > 1
-    except (OSError, IndexError, ValueError):
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
         return None
+    total, seen = 0, False
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):   # a thread gone since listdir
+            continue
+    return total if seen else None
 
 
 def adapt(now=time.monotonic) -> None:
@@ -202,12 +213,18 @@ def adapt(now=time.monotonic) -> None:
     if t < p["next"]:
         return
     p["next"] = t + PROBE_SECONDS
-    busy = others_running()
-    if busy is None:
+    delay = run_delay_ns()
+    if delay is None:
         p["auto"] = False
         return
-    p["seen"] = ((p["seen"] << 1) | busy) & 0xF
-    _SERIAL_MAX.value = BUSY_BOUND if bin(p["seen"]).count("1") >= 2 else QUIET_BOUND
+    if p["last"] is not None:
+        t0, d0 = p["last"]
+        waited = (delay - d0) * 1e-9 > RUN_DELAY_BUSY * (t - t0)
+        if waited and p["waited"]:
+            p["hold"] = t + HOLD_SECONDS
+        p["waited"] = waited
+        _SERIAL_MAX.value = BUSY_BOUND if t < p["hold"] else QUIET_BOUND
+    p["last"] = (t, delay)
 
 
 @intrinsic
