@@ -130,20 +130,33 @@ def _align(n):
     return -(-n // ALIGN) * ALIGN
 
 
-def _can_write_in_place(kg, pid, uid, order, taken):
-    """True if update node `uid` may overwrite param node `pid`'s buffer while it runs: nothing
-    reads the param after it, and uid reads it elementwise without broadcasting, or as the
-    operand whose buffer its op may take (OpDef.inplace: set_rows writing a KV cache's rows)."""
+def _readers(kg):
+    """(value -> the live non-view nodes reading its buffer, in kg.live's order; the buffers
+    the outputs live in): what _can_write_in_place asks, computed once per plan."""
     g = kg.graph
-    u = g.nodes[uid]
-    if uid in taken or uid not in order or base(g, uid) != uid:
-        return False
-    if any(base(g, o) == pid for o in g.outputs.values()):
-        return False
+    readers = {}
     for r in kg.live:
         rn = g.nodes[r]
-        if op_kind(rn.op) == "view" or not any(base(g, i) == pid for i in rn.inputs):
-            continue
+        if op_kind(rn.op) != "view":
+            for b in dict.fromkeys(base(g, i) for i in rn.inputs):
+                readers.setdefault(b, []).append(r)
+    return readers, {base(g, o) for o in g.outputs.values()}
+
+
+def _can_write_in_place(kg, pid, uid, order, taken, reads):
+    """True if update node `uid` may overwrite param node `pid`'s buffer while it runs: nothing
+    reads the param after it, and uid reads it elementwise without broadcasting, or as the
+    operand whose buffer its op may take (OpDef.inplace: set_rows writing a KV cache's rows).
+    reads: _readers(kg)."""
+    g = kg.graph
+    u = g.nodes[uid]
+    readers, output_bases = reads
+    if uid in taken or uid not in order or base(g, uid) != uid:
+        return False
+    if pid in output_bases:
+        return False
+    for r in readers.get(pid, ()):
+        rn = g.nodes[r]
         if r == uid:
             if _takes_operand(g, u, pid):      # its op writes only what changes (set_rows)
                 continue
@@ -295,8 +308,9 @@ def plan_memory(kg, params=None, reuse=True):
     params, persist = _persistent(g, params)
     slots = {g.params[name]: s for name, s in params.items()}
     inplace, copies = {}, []
+    reads = _readers(kg)
     for name, uid in g.updates.items():
-        if _can_write_in_place(kg, g.params[name], uid, order, set(inplace.values())):
+        if _can_write_in_place(kg, g.params[name], uid, order, set(inplace.values()), reads):
             inplace[name] = uid
             slots[uid] = params[name]
         elif uid != g.params[name]:

@@ -220,14 +220,24 @@ def _call_progress(done, total):
 # numba compiles one module at a time, on one core: a cold llama training program (41 modules)
 # spent ~15 s there on a 2-core machine whose second core sat idle. With JITGRAPH_COMPILE_WORKERS
 # helper processes (default: one per core beyond the first, at most 3; 0: none) the modules not
-# yet in numba's cache are shared out: each helper imports its share (compiling it into numba's
-# disk cache) while this process compiles its own, then this process loads the helpers' share
-# from the cache. A helper that fails costs nothing but time: its modules are compiled here.
+# yet in numba's cache are a work queue: this process and each helper take the next module no
+# one has claimed (a file created with O_EXCL in a private directory) and import it, which
+# compiles it into numba's disk cache; then this process loads the helpers' modules from that
+# cache. A helper that fails or hangs costs time only: what it left is compiled here.
 MIN_PARALLEL_MODULES = 4
+HELPER_TIMEOUT = 900.0      # seconds this process waits for the helpers once the queue is empty
 
 
-def _in_numba_cache(path: Path) -> bool:
-    return any((path.parent / "__pycache__").glob(path.stem + ".*.nbi"))
+def _in_numba_cache(paths) -> set:
+    """The modules of `paths` whose numba cache index exists (one listing of each folder)."""
+    stems = {}
+    for folder in {p.parent for p in paths}:
+        try:
+            names = os.listdir(folder / "__pycache__")
+        except OSError:
+            names = []
+        stems[folder] = {n.split(".", 1)[0] for n in names if n.endswith(".nbi")}
+    return {p for p in paths if p.stem in stems[p.parent]}
 
 
 def compile_workers() -> int:
@@ -243,38 +253,44 @@ def compile_workers() -> int:
     return max(0, min(cores - 1, 3))
 
 
-def _start_helpers(paths):
-    """Start helper processes compiling part of `paths` (the uncached ones); returns
-    ([(process, its paths)], the paths left to this process)."""
-    todo = [p for p in paths if not _in_numba_cache(p)]
+def _claim(claims: Path, path: Path) -> bool:
+    """Take module `path` from the queue; False if someone else has (or the queue is gone)."""
+    try:
+        os.close(os.open(claims / path.stem, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except OSError:
+        return False
+
+
+def _start_helpers(todo, claims):
     n = min(compile_workers(), len(todo) // 2)
     if n < 1 or len(todo) < MIN_PARALLEL_MODULES:
-        return [], paths
+        return []
     import subprocess
     helpers = []
-    for w in range(n):
-        share = todo[w + 1::n + 1]
+    for _ in range(n):
         try:
-            proc = subprocess.Popen(
+            helpers.append(subprocess.Popen(
                 [sys.executable, "-c", "import sys; from jitgraph.runtime.cache import "
-                 "compile_modules; compile_modules(sys.argv[1:])", *map(str, share)],
+                 "compile_modules; compile_modules(sys.argv[1], sys.argv[2:])", str(claims),
+                 *map(str, todo)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env={**os.environ, "JITGRAPH_COMPILE_WORKERS": "0"})
+                env={**os.environ, "JITGRAPH_COMPILE_WORKERS": "0"}))
         except OSError:
-            continue
-        helpers.append((proc, share))
-    theirs = {p for _, share in helpers for p in share}
-    return helpers, [p for p in paths if p not in theirs] + [p for p in paths if p in theirs]
+            break
+    return helpers
 
 
-def compile_modules(paths) -> None:
-    """A helper process's work: import each kernel module (numba compiles it into its cache)."""
+def compile_modules(claims, paths) -> None:
+    """A helper process's work: import each module of `paths` it claims (numba compiles it into
+    its cache)."""
     from .cpu.threading import configure
     configure()
     from numba.np.ufunc.parallel import _launch_threads
     _launch_threads()
-    for p in paths:
-        load(Path(p))
+    for p in map(Path, paths):
+        if _claim(Path(claims), p):
+            load(p)
 
 
 def load_kernels(paths, fresh: bool = False) -> dict:
@@ -286,30 +302,46 @@ def load_kernels(paths, fresh: bool = False) -> dict:
     from numba.np.ufunc.parallel import _launch_threads
     _launch_threads()   # cached parallel kernels need the thread pool's symbols
     paths = list(paths)
-    helpers, order = ([], paths) if fresh else _start_helpers(paths)
-    waiting = {p: proc for proc, share in helpers for p in share}
-    _call_progress(0, len(paths))
+    cached = set() if fresh else _in_numba_cache(paths)
+    todo = [] if fresh else [p for p in paths if p not in cached]
+    claims = helpers = None
+    if len(todo) >= MIN_PARALLEL_MODULES and compile_workers():
+        claims = Path(tempfile.mkdtemp(prefix="jitgraph-claims-"))
+        helpers = _start_helpers(todo, claims)
     out = {}
+
+    def finish(path):
+        name = path.stem
+        modname = f"jitgraph_cache.{name}"
+        fn = getattr(load(path, fresh), name)
+        if modname not in _SEEN:
+            _SEEN.add(modname)
+            COUNTS["compiled" if path in todo or not fn.cache_hits else "loaded"] += 1
+        binding.add_symbol(f"jitgraph_{name}", fn.address)
+        out[name] = fn.address
+        _call_progress(len(out), len(paths))
+
+    _call_progress(0, len(paths))
     try:
-        for i, path in enumerate(order):
-            proc = waiting.get(path)
-            if proc is not None and proc.poll() is None:
-                proc.wait()     # its share is next: let it finish (else we compile it twice)
-            name = path.stem
-            modname = f"jitgraph_cache.{name}"
-            fn = getattr(load(path, fresh), name)
-            if modname not in _SEEN:
-                _SEEN.add(modname)
-                done_by_helper = proc is not None and proc.returncode == 0
-                COUNTS["compiled" if done_by_helper or not fn.cache_hits else "loaded"] += 1
-            binding.add_symbol(f"jitgraph_{name}", fn.address)
-            out[name] = fn.address
-            _call_progress(i + 1, len(paths))
+        if helpers:
+            for path in todo:
+                if _claim(claims, path):
+                    finish(path)
+            for proc in helpers:
+                try:
+                    proc.wait(HELPER_TIMEOUT)
+                except Exception:       # a hung helper: what it left is compiled below
+                    break
+        for path in paths:
+            if path.stem not in out:
+                finish(path)
     finally:
-        for proc, _ in helpers:
+        for proc in helpers or ():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if claims is not None:
+            shutil.rmtree(claims, ignore_errors=True)
     return out
 
 

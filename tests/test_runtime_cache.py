@@ -121,3 +121,49 @@ def test_runtime_library_cache_goes_stale_when_any_runtime_source_changes():
         assert f._cache_file._load_index() == {}
     finally:
         f._cache_file._source_stamp = own
+
+
+HELPERS = textwrap.dedent("""
+    import json, sys, numpy as np, jitgraph as jg
+    from jitgraph.runtime import cache
+    if sys.argv[1] == "failing":      # helpers that die at once: this process compiles all
+        import subprocess
+        cache._start_helpers = lambda todo, claims: [subprocess.Popen(
+            [sys.executable, "-c", "raise SystemExit(3)"])]
+    g = jg.Graph("helpers")
+    x = g.input("x", (6, 5))
+    w = g.param("w", (5, 4), init=jg.init.constant(0.25))
+    h = jg.tanh(x @ w)
+    y = jg.softmax(h * 2.0) + jg.exp(-h) / (1.0 + jg.abs(h))
+    g.output(loss=jg.mean(jg.sqr(y)) + jg.max(jg.logsumexp(y, 0)))
+    prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=0.1))
+    xs = np.linspace(-1, 1, 30, dtype=np.float32).reshape(6, 5)
+    losses = [float(prog.step(x=xs)["loss"]) for _ in range(3)]
+    s = prog.stats()
+    root = cache.cache_dir()
+    mods = sorted(p.stem for p in root.glob("k_*.py"))
+    cached = [m for m in mods if list((root / "__pycache__").glob(m + ".*.nbi"))]
+    print(json.dumps({"losses": losses, "compiled": s["kernels_compiled"],
+                      "loaded": s["kernels_loaded"], "modules": len(mods),
+                      "cached": len(cached)}))
+""")
+
+
+def _helpers_run(tmp_path, workers, mode="normal"):
+    env = dict(os.environ, JITGRAPH_CACHE_DIR=str(tmp_path), JITGRAPH_COMPILE_WORKERS=workers)
+    r = subprocess.run([sys.executable, "-c", HELPERS, mode], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_cold_compile_shares_modules_with_helper_processes(tmp_path):
+    """A cold program compiled with a helper process (and with helpers that die at once) steps
+    exactly as one compiled alone; every module ends up in numba's cache, counted compiled."""
+    alone = _helpers_run(tmp_path / "alone", "0")
+    assert alone["modules"] >= cache.MIN_PARALLEL_MODULES, alone
+    for mode in ("normal", "failing"):
+        shared = _helpers_run(tmp_path / mode, "1", mode)
+        assert shared["losses"] == alone["losses"], mode
+        assert shared["compiled"] == alone["compiled"] == shared["modules"] == \
+            shared["cached"], (mode, shared)
