@@ -116,6 +116,20 @@ def _warn(args, msg):
     print(f"jitgraph {args.cmd}: warning: {msg}", file=sys.stderr, flush=True)
 
 
+def adopt_resumed(args, path, saved, warn=_warn):
+    """Continue with the training options the checkpoint at `path` recorded (`saved`: option ->
+    value; a bit-exact resume needs them), warning through `warn` about each option the user
+    gave that they override."""
+    given = getattr(args, "given", set())
+    ignored = [f"{_flag(k, getattr(args, k))} (checkpoint: {_shown(v)})"
+               for k, v in saved.items() if k in given and getattr(args, k) != v]
+    if ignored:
+        warn(args, f"--resume {path} continues with the checkpoint's training options (a "
+                   f"bit-exact resume needs them); ignored {', '.join(ignored)}")
+    for k, v in saved.items():
+        setattr(args, k, v)
+
+
 def _check_model_file(path, what):
     if os.path.isdir(path):
         raise IsADirectoryError(f"{what} {path}: is a directory, not a model file")
@@ -228,15 +242,8 @@ def _train_ranks(args, world):
         if arch != args.model:
             raise ValueError(f"--resume {args.resume}: holds a {arch} checkpoint, not "
                              f"{args.model}")
-        saved = {k: meta["args"].get(k, False if k.startswith("no_") else None) for k in RESUMED}
-        ignored = [f"{_flag(k, getattr(args, k))} (checkpoint: {_shown(saved[k])})"
-                   for k in RESUMED if k in args.given and getattr(args, k) != saved[k]]
-        if ignored:
-            _warn(args, f"--resume {args.resume} continues with the checkpoint's training "
-                        f"options (a bit-exact resume needs them); ignored "
-                        f"{', '.join(ignored)}")
-        for k, v in saved.items():
-            setattr(args, k, v)
+        adopt_resumed(args, args.resume, {k: meta["args"].get(k, False if k.startswith("no_")
+                                                             else None) for k in RESUMED})
         _Run.checkpoint, _Run.epoch = args.resume, meta["epoch"]   # until a newer one is saved
     elif args.logical_batch is not None and (args.logical_batch < args.batch_size or
                                              args.logical_batch % args.batch_size):

@@ -45,8 +45,8 @@ import numpy as np
 
 from ..lora import SHORTHANDS
 from . import (EXIT_INTERRUPT, EXIT_TERMINATED, Terminated, _check_model_file, _compile_progress,
-               _float_in, _flag, _int_at_least, _Run, _say, _shown, _warn, add_compile_flags,
-               add_threads_flag, apply_threads, check_outputs, compile_target)
+               _float_in, _int_at_least, _Run, _say, _warn, add_compile_flags,
+               add_threads_flag, adopt_resumed, apply_threads, check_outputs, compile_target)
 
 CKPT_KEY = "jitgraph.checkpoint"
 STATE_PREFIX = "state."
@@ -556,16 +556,7 @@ def _resume(args, kind, resumed):
     cfg, tok, params, state, meta = load_llama_checkpoint(args.resume)
     if meta["kind"] != kind:
         raise ValueError(f"--resume {args.resume}: a {meta['kind']} checkpoint, not {kind}")
-    saved = {k: meta["args"].get(k) for k in resumed}
-    given = getattr(args, "given", set())
-    ignored = [f"{_flag(k, getattr(args, k))} (checkpoint: {_shown(saved[k])})"
-               for k in resumed if k in given and getattr(args, k) != saved[k]]
-    if ignored:
-        _warn_once(args, f"--resume {args.resume} continues with the checkpoint's training "
-                         f"options (a bit-exact resume needs them); ignored "
-                         f"{', '.join(ignored)}")
-    for k, v in saved.items():
-        setattr(args, k, v)
+    adopt_resumed(args, args.resume, {k: meta["args"].get(k) for k in resumed}, _warn_once)
     _Run.checkpoint, _Run.epoch, _Run.unit = args.resume, meta["step"], "step"
     if meta["step"] >= args.steps:
         _warn_once(args, f"--resume {args.resume} is at step {meta['step']}, --steps is "

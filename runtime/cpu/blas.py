@@ -289,19 +289,30 @@ def _xgemm_typed(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc):
     return impl
 
 
+@njit(cache=True, nogil=True, inline="always")
+def one_thread():
+    """Put OpenBLAS on one thread; returns the count to give back to restore_threads."""
+    was = _get_threads()
+    if was > 1:
+        _set_threads(1)
+    return was
+
+
+@njit(cache=True, nogil=True, inline="always")
+def restore_threads(was):
+    if was > 1:
+        _set_threads(was)
+
+
 @njit(cache=True, nogil=True)
 def gemm(ta, tb, alpha, a, b, beta, c):
     """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 or float64
     arrays (sgemm / dgemm)."""
     fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
     if m and n:
-        serial = m * n * k <= _serial_max()
-        was = _get_threads() if serial else 1
-        if was > 1:
-            _set_threads(1)
+        was = one_thread() if m * n * k <= _serial_max() else 1
         _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
-        if was > 1:
-            _set_threads(was)
+        restore_threads(was)
 
 
 gemm_f32 = gemm_f64 = gemm      # the names generated kernels import (gemm_<dtype>)

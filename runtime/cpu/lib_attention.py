@@ -27,7 +27,7 @@ import math
 from numba import njit, prange
 
 from .approx import vexp
-from .blas import _N, _T, _get_threads, _set_threads, _xgemm
+from .blas import _N, _T, _xgemm, one_thread, restore_threads
 from .lib_common import _OPTS, PAR_MIN_WORK
 from .minmax import fmaximum
 
@@ -154,17 +154,14 @@ def attention(q, k, v, out, work, scale):
     tasks = B * k.shape[2]
     sct = out.dtype.type(scale)
     rows = min(BQ, S)
-    was = _get_threads()
-    if was > 1:
-        _set_threads(1)
+    was = one_thread()
     if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
         for t in prange(tasks):
             _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
     else:
         for t in range(tasks):
             _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
-    if was > 1:
-        _set_threads(was)
+    restore_threads(was)
 
 
 @pfkernel
@@ -181,9 +178,7 @@ def attention_back(q, k, v, out, dout, grad, work, scale):
     dv = grad[nq + nk:nq + 2 * nk].reshape((B, S, Hkv, D))
     sct = grad.dtype.type(scale)
     rows = min(BQ, S)
-    was = _get_threads()
-    if was > 1:
-        _set_threads(1)
+    was = one_thread()
     if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
         for t in prange(tasks):
             _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, 2 * t, rows, S),
@@ -192,5 +187,4 @@ def attention_back(q, k, v, out, dout, grad, work, scale):
         for t in range(tasks):
             _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, 2 * t, rows, S),
                        _slab(work, 2 * t + 1, rows, S), sct)
-    if was > 1:
-        _set_threads(was)
+    restore_threads(was)

@@ -1267,18 +1267,15 @@ def attention_back(ctx, n, note="") -> list:
                            note + " zero dk dv")]
     r = src.arg(ctx.ref(n.id), "o")
     scale = typed_literal(float(n.attr["scale"]), dt)
+    dot = f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]"   # s: q_i . k_j, in a j loop
+    row = ["for j in range(i + 1):", f"    s = {T}(0.0)", f"    for d in range({D}):", dot]
     body = [f"g = h // {H // Hkv}", f"dq = cuda.local.array({D}, {T})",
             f"for d in range({D}):", f"    dq[d] = {T}(0.0)",
-            f"m = {T}(-math.inf)", "for j in range(i + 1):", f"    s = {T}(0.0)",
-            f"    for d in range({D}):", f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]",
-            f"    m = max(m, s * {scale})", "l = 0.0", "for j in range(i + 1):",
-            f"    s = {T}(0.0)", f"    for d in range({D}):",
-            f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]",
-            "    l += math.exp(np.float64(s * " + scale + " - m))",
+            f"m = {T}(-math.inf)", *row, f"    m = max(m, s * {scale})",
+            "l = 0.0", *row, "    l += math.exp(np.float64(s * " + scale + " - m))",
             f"di = {T}(0.0)", f"for d in range({D}):",
             f"    di += {ga}[b, i, h, d] * {oa}[b, i, h, d]",
-            "for j in range(i + 1):", f"    s = {T}(0.0)", f"    dp = {T}(0.0)",
-            f"    for d in range({D}):", f"        s += {qa}[b, i, h, d] * {ka}[b, j, g, d]",
+            *row[:2], f"    dp = {T}(0.0)", row[2], dot,
             f"        dp += {ga}[b, i, h, d] * {va}[b, j, g, d]",
             f"    p = {T}(math.exp(np.float64(s * {scale} - m)) / l)",
             f"    ds = p * (dp - di) * {scale}",
