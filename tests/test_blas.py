@@ -133,16 +133,17 @@ def test_serial_gemm_bound_keeps_results(bound):
 
 
 def test_serial_bound_follows_the_load(monkeypatch):
-    """adapt(): BUSY_BOUND until a first interval is measured, QUIET_BOUND while the process's
-    threads wait for no core, BUSY_BOUND for HOLD_SECONDS after two intervals running in which
-    their run delay exceeded RUN_DELAY_BUSY of the wall time (one alone is a burst); probes at most every PROBE_SECONDS;
-    set_serial_max pins the bound; an unreadable run delay stops the adapting."""
+    """adapt(): QUIET_BOUND until an interval is measured and while the process's threads
+    wait for no core, BUSY_BOUND for HOLD_SECONDS after two intervals running in which their
+    run delay exceeded RUN_DELAY_BUSY of the wall time (one alone is a burst); probes at most
+    every PROBE_SECONDS; an interval longer than STALE_SECONDS (no steps run back to back) is
+    not judged; set_serial_max pins the bound; an unreadable run delay stops the adapting."""
     from jitgraph.runtime.cpu import blas
     d = blas.run_delay_ns()
     assert d is None or d >= 0
     monkeypatch.setattr(blas, "_probe", {"auto": True, "next": 0.0, "last": None, "hold": 0.0,
                                          "waited": False})
-    monkeypatch.setattr(blas, "_SERIAL_MAX", type(blas._SERIAL_MAX)(blas.BUSY_BOUND))
+    monkeypatch.setattr(blas, "_SERIAL_MAX", type(blas._SERIAL_MAX)(blas.QUIET_BOUND))
     delays = []
     monkeypatch.setattr(blas, "run_delay_ns", lambda: delays.pop(0))
     B, Q = blas.BUSY_BOUND, blas.QUIET_BOUND
@@ -153,20 +154,22 @@ def test_serial_bound_follows_the_load(monkeypatch):
         blas.adapt(lambda: t)
         return blas._SERIAL_MAX.value
 
-    assert probe(0.0, 0) == B                                 # nothing measured yet
-    assert probe(1.0, 10 * ms) == Q                           # 1 % of a second waiting
-    assert probe(1.01, 10 * ms) == Q and delays == [10 * ms]  # not due: no probe
+    assert probe(0.0, 0) == Q                                 # nothing measured yet
+    assert probe(0.1, 1 * ms) == Q                            # 1 % of the interval waiting
+    assert probe(0.11, 1 * ms) == Q and delays == [1 * ms]    # not due: no probe
     delays.clear()
-    assert probe(2.0, 110 * ms) == Q                          # 10 % once: a burst
-    assert probe(3.0, 111 * ms) == Q
-    assert probe(4.0, 211 * ms) == Q and probe(5.0, 311 * ms) == B   # twice running: busy
-    assert probe(6.0, 311 * ms) == B and probe(9.9, 312 * ms) == B   # held
-    assert probe(10.1, 312 * ms) == Q                         # the hold is over
+    assert probe(0.2, 11 * ms) == Q                           # 10 % once: a burst
+    assert probe(0.3, 12 * ms) == Q
+    assert probe(0.4, 22 * ms) == Q and probe(0.5, 32 * ms) == B   # twice running: busy
+    assert probe(0.6, 32 * ms) == B and probe(5.4, 32.1 * ms) == B  # held (a stale interval)
+    assert probe(5.6, 32.1 * ms) == Q                         # the hold is over
+    # a stale interval (a compile between steps) is not judged, however long its wait
+    assert probe(7.0, 900 * ms) == Q and probe(7.1, 911 * ms) == Q and probe(7.2, 922 * ms) == B
     blas.set_serial_max(123)
-    assert probe(11.0, 999 * ms) == 123 and delays == [999 * ms]   # pinned
+    assert probe(13.0, 999 * ms) == 123 and delays == [999 * ms]   # pinned
     delays.clear()
     blas._probe.update(auto=True, next=0.0)
-    assert probe(12.0, None) == 123 and blas._probe["auto"] is False
+    assert probe(14.0, None) == 123 and blas._probe["auto"] is False
 
 
 GOMP_CHECK = r"""

@@ -176,7 +176,7 @@ class _FakeProgram:
 def fake_compile(monkeypatch):
     monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
     monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.02)
-    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup: [
+    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: [
         {"median_s": p.time, "min_s": p.time} for p in progs])
 
 
@@ -186,7 +186,7 @@ def test_gemm_seconds_times_each_distinct_matmul_once_and_counts_every_node(monk
     w = g.param("w", (6, 6))
     g.output(y=(x @ w) @ w, z=jg.apply("matmul", x, w, ta=False, tb=True))
     timed = []
-    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup: (
+    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: (
         timed.append(progs[0].graph), [{"median_s": 0.5, "min_s": 0.5}])[1])
     # three matmul nodes: two alike ([8,6] @ [6,6]) and one with tb: two programs, 3 x 0.5 s
     assert bench.gemm_seconds(g, repeat=1) == pytest.approx(1.5)
@@ -210,6 +210,29 @@ def test_time_steps_interleaves():
                            block=1)
     assert calls == [("a", {"x": 1}), ("b", {"x": 1})] * 4
     assert all(0 <= r["min_s"] <= r["median_s"] for r in res) and len(res) == 2
+
+
+def test_time_steps_runs_until_each_program_has_min_seconds(monkeypatch):
+    """Past `repeat`, turns go on (in blocks) until every program has min_seconds of timed steps,
+    and stop at MAX_TURNS * repeat steps when they never get there."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    class Prog:
+        def __init__(self, dt):
+            self.dt, self.n = dt, 0
+
+        def step(self, **feeds):
+            clock[0] += self.dt
+            self.n += 1
+    fast, slow = Prog(0.01), Prog(0.03)
+    res = bench.time_steps([fast, slow], {}, repeat=2, warmup=0, block=5, min_seconds=0.25)
+    # the fast one needs 25 timed steps: 2, then blocks of 5 (+1 untimed each turn) up to 27
+    assert [r["steps"] for r in res] == [27, 27]
+    assert sum([0.01] * 27) >= 0.25 and res[0]["median_s"] == pytest.approx(0.01)
+    never = Prog(0.0)
+    res = bench.time_steps([never], {}, repeat=2, warmup=0, block=5, min_seconds=1.0)
+    assert res[0]["steps"] == bench.MAX_TURNS * 2
 
 
 def test_time_steps_takes_turns_in_blocks_after_an_untimed_step():
@@ -264,7 +287,7 @@ def test_failed_workload_is_reported(monkeypatch, capsys):
 def test_fused_slower_than_unfused_is_flagged(monkeypatch, capsys):
     monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
     monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.0)
-    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup: [
+    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: [
         {"median_s": 0.01 if p.fuse else 0.008, "min_s": 0.0} for p in progs])
     assert bench.main(["--only", "ew_chain", "--quick"]) == 0
     out = capsys.readouterr().out

@@ -163,15 +163,19 @@ _N, _T = 78, 84   # ord("N"), ord("T")
 # for a core, BUSY_BOUND for HOLD_SECONDS after they did in two probe intervals running (their
 # run delay, /proc/self/task/*/schedstat, above RUN_DELAY_BUSY of the wall time: the very wait
 # that makes split GEMMs slow; one interval alone is often a neighbour's burst, such as another
-# process's OpenMP threads spinning down). Starts at BUSY_BOUND until an interval is measured. Quiet
+# process's OpenMP threads spinning down). Only intervals of steps run back to back count: one
+# longer than STALE_SECONDS spans other work (a compile, data loading, a pause) and is not
+# judged. Starts at QUIET_BOUND: starting at BUSY_BOUND held a short run's first ~50 ms of
+# steps on one thread for nothing (the MNIST MLP step at batch 100 timed 1.8 ms there against
+# 1.15 ms quiet, which is what `jitgraph bench`'s 10 steps measured). Quiet
 # 2-core host, 2 threads, wall ms per step: width-128 llama training 141 -> 101, stories260K full
 # finetune 67 -> 52 (bench/llama_threads.py).
 # JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: OpenBLAS decides alone), as does
 # set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
 QUIET_BOUND, BUSY_BOUND = 1 << 22, 1 << 26
-PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY = 0.05, 5.0, 0.05
+PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 5.0, 0.05, 0.5
 _FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
-SERIAL_MAX_WORK = int(_FIXED or BUSY_BOUND)
+SERIAL_MAX_WORK = int(_FIXED or QUIET_BOUND)
 _SERIAL_MAX = ctypes.c_int64(SERIAL_MAX_WORK)
 llvm.add_symbol("jitgraph_blas_serial_max", ctypes.addressof(_SERIAL_MAX))
 _probe = {"auto": not _FIXED, "next": 0.0, "last": None, "hold": 0.0, "waited": False}
@@ -217,13 +221,15 @@ def adapt(now=time.monotonic) -> None:
     if delay is None:
         p["auto"] = False
         return
-    if p["last"] is not None:
+    if p["last"] is not None and t - p["last"][0] <= STALE_SECONDS:
         t0, d0 = p["last"]
         waited = (delay - d0) * 1e-9 > RUN_DELAY_BUSY * (t - t0)
         if waited and p["waited"]:
             p["hold"] = t + HOLD_SECONDS
         p["waited"] = waited
         _SERIAL_MAX.value = BUSY_BOUND if t < p["hold"] else QUIET_BOUND
+    else:
+        p["waited"] = False
     p["last"] = (t, delay)
 
 

@@ -26,7 +26,8 @@ calls `configure()` first; libgomp reads OMP_WAIT_POLICY when the pool starts). 
                          jitgraph sets it at import (before numpy and scipy load their OpenBLAS
                          when jitgraph is imported first); the GEMM library (blas.py, numpy's
                          OpenBLAS by default) is told again when numpy was imported first.
-  JITGRAPH_BLAS_SERIAL_MAX GEMMs with m*n*k up to this bound (default 2**26) run on one
+  JITGRAPH_BLAS_SERIAL_MAX GEMMs with m*n*k up to this bound (default: 2**22 on a quiet
+                         machine, 2**26 while other processes hold the cores) run on one
                          OpenBLAS thread (blas.py): each GEMM OpenBLAS splits must wait for its
                          second thread to be scheduled, which on a busy machine cost 10-80 ms
                          per small GEMM (a 2-thread stories260K step 0.7-4.8 s against 0.1-0.6 s
