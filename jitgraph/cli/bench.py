@@ -4,17 +4,17 @@ peak arena bytes and step time under each checkpointing policy for the workloads
 Each workload is compiled once per configuration; every program runs `warmup` steps, then
 the programs take turns (an untimed step, then up to 5 timed ones; `time_steps`) until each has
 run `repeat` timed steps (time.perf_counter) and, in a full run, 0.4 s of them, and the median
-is reported (the JSON has the minimum and the step count too). For workloads with matmuls the table also gives the
-time of their GEMMs alone ("gemm ms", `gemm_seconds`) and the ratio it allows at best ("bound":
-unfused / gemm time): fusion cannot make a step faster than its GEMMs. The workloads live in
-jitgraph/cli/workloads.py.
+is reported (the JSON has the minimum and the step count too). For workloads with matmuls the
+table also gives the time of their GEMMs alone ("gemm ms", `gemm_seconds`) and the ratio it
+allows at best ("bound": unfused / gemm time): fusion cannot make a step faster than its GEMMs.
+The workloads live in jitgraph/cli/workloads.py.
 Benchmarks are meant to run as on a user's machine: `env -u OPENBLAS_CORETYPE -u
 OPENBLAS_L2_SIZE jitgraph bench` (those variables halve OpenBLAS's sgemm speed here); the
 header and the JSON say which BLAS kernel ran.
 
 A fused step slower than its unfused one (a ratio below 1.00x as printed) is flagged (`!` after
-the ratio, a `FUSED SLOWER` line): fusion must never lose. `--roofline` times each kernel of the fused step instead and sets
-it against the machine's peaks (jitgraph/cli/roofline.py).
+the ratio, a `FUSED SLOWER` line): fusion must never lose. `--roofline` times each kernel of
+the fused step instead and sets it against the machine's peaks (jitgraph/cli/roofline.py).
 
     jitgraph bench [--json PATH] [--quick] [--only NAME ...] [--repeat N]
                    [--checkpoint-curve | --safety | --roofline]
