@@ -18,7 +18,7 @@ from jitgraph.passes.fuse import rows_flags
 
 from ..kernelgen import feeding
 from . import rules     # ELEMENTWISE: the CPU spelling of elementwise ops (rules imports us too)
-from .lower import (NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, collapse, literal,
+from .lower import (FMAX_IMPORTS, NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, collapse, literal,
                     matmul_operands, reduce_pattern, reduction)
 
 _FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)")
@@ -367,7 +367,8 @@ def cross_entropy(g, kernel, inlined):
     par = N * C * 24 >= PARALLEL_MIN_WORK and N > 1
     lines = [f"gs = {T}({gv} / {N})", "total = 0.0",
              f"for r in {'prange' if par else 'range'}({N}):",
-             f"    m = {T}(-math.inf)", f"    for j in range({C}):", f"        m = max(m, {la}[r, j])",
+             f"    m = {T}(-math.inf)", f"    for j in range({C}):",
+             f"        m = fmaximum(m, {la}[r, j])",     # vectorises; Python's max does not
              "    if not math.isfinite(m):", f"        m = {T}(0.0)", "    s = 0.0"]
     if labels:
         # exp(x - m) is computed once and kept in the gradient's row; the label's logit is
@@ -388,6 +389,6 @@ def cross_entropy(g, kernel, inlined):
                   f"        {go}[r, j] = (p * tt - {ta}[r, j]) * gs"]
     lines += [f"{lo}[0] = {T}(total / {N})"]
     b.lines = lines
-    call = b.call(par)
+    call = b.call(par, FMAX_IMPORTS)
     call.fastmath = True    # the row sums vectorise; NaN/inf semantics kept (no nnan/ninf)
     return call

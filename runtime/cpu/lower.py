@@ -22,6 +22,10 @@ from ..kernelgen import batch_index
 # vectorise), Adam over 392k runs 113 us serial / 60 us parallel and the threshold is conservative.
 PARALLEL_MIN_WORK = 1 << 19
 
+# the import line of kernels whose row max uses fmaximum (NaN-propagating, and it vectorises:
+# Python's max compiles to a compare and branch that LLVM leaves scalar)
+FMAX_IMPORTS = ("from jitgraph.runtime.cpu.minmax import fmaximum",)
+
 # fastmath flags of kernels whose reductions may be reassociated (rows kernels): LLVM then
 # vectorises their sums and maxima; no nnan/ninf, so NaN and inf behave as without them
 FASTMATH = '{"reassoc", "nsz", "contract"}'

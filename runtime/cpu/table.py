@@ -65,7 +65,7 @@ _SOFTMAX = (
 _SOFTMAX_STORED = ((_SOFTMAX[0], (["s = 0.0"], ["e = {exp}({0} - mt)", "{buf}[r, j] = e",
                                              "s += e"], ["inv = {T}(1.0 / s)"])),
                    "{buf}[r, j] * inv")
-_FMAX = ("from jitgraph.runtime.cpu.minmax import fmaximum",)
+_FMAX = lower.FMAX_IMPORTS
 _LN_MEAN = (["mu = 0.0"], ["mu += {0}"], ["mu = mu / {D}", "mut = {T}(mu)"])
 _RMS = (["ss = 0.0"], ["ss += {0} * {0}"], ["rs = {T}(1.0 / math.sqrt(ss / {D} + {eps}))"])
 _LN_VAR = (["var = 0.0"], ["xc = {0} - mut", "var += xc * xc"],
