@@ -262,10 +262,14 @@ def _claim(claims: Path, path: Path) -> bool:
         return False
 
 
+def _helper_count(todo) -> int:
+    """Helper processes for the uncached modules `todo`: none below MIN_PARALLEL_MODULES, else
+    one per two modules up to compile_workers()."""
+    return 0 if len(todo) < MIN_PARALLEL_MODULES else min(compile_workers(), len(todo) // 2)
+
+
 def _start_helpers(todo, claims):
-    n = min(compile_workers(), len(todo) // 2)
-    if n < 1 or len(todo) < MIN_PARALLEL_MODULES:
-        return []
+    n = _helper_count(todo)
     import subprocess
     helpers = []
     for _ in range(n):
@@ -305,7 +309,7 @@ def load_kernels(paths, fresh: bool = False) -> dict:
     cached = set() if fresh else _in_numba_cache(paths)
     todo = [] if fresh else [p for p in paths if p not in cached]
     claims = helpers = None
-    if len(todo) >= MIN_PARALLEL_MODULES and compile_workers():
+    if _helper_count(todo):
         claims = Path(tempfile.mkdtemp(prefix="jitgraph-claims-"))
         helpers = _start_helpers(todo, claims)
     out = {}

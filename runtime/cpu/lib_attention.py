@@ -97,18 +97,29 @@ def _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv):
     _causal_exp(sc, i0, m, ncols, inv)
 
 
+@njit(inline="always", **_FAST)
+def _task(t, q, k):
+    """(batch b, kv head g, query heads per kv head) of task t."""
+    Hkv = k.shape[2]
+    return t // Hkv, t % Hkv, q.shape[2] // Hkv
+
+
+@njit(inline="always", **_FAST)
+def _block(S, i0):
+    """(rows m, keys ncols) of the query block starting at row i0."""
+    m = min(BQ, S - i0)
+    return m, i0 + m
+
+
 @fkernel
 def _fwd_task(t, q, k, v, out, sc, sct):
     B, S, H, D = q.shape
     Hkv = k.shape[2]
-    rep = H // Hkv
-    b, g = t // Hkv, t % Hkv
+    b, g, rep = _task(t, q, k)
     inv = np.empty(sc.shape[0], sc.dtype)
-    for r in range(rep):
-        h = g * rep + r
+    for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
-            m = min(BQ, S - i0)
-            ncols = i0 + m
+            m, ncols = _block(S, i0)
             _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv)
             _mm(out[b, i0:, h], H * D, sc, sc.shape[1], False, v[b, :, g], Hkv * D, False,
                 m, D, ncols, 1.0, 0.0)
@@ -121,8 +132,7 @@ def _fwd_task(t, q, k, v, out, sc, sct):
 def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
     B, S, H, D = q.shape
     Hkv = k.shape[2]
-    rep = H // Hkv
-    b, g = t // Hkv, t % Hkv
+    b, g, rep = _task(t, q, k)
     T = dq.dtype.type
     inv = np.empty(sc.shape[0], sc.dtype)
     for j in range(S):
@@ -130,11 +140,9 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
             dk[b, j, g, d] = 0.0
             dv[b, j, g, d] = 0.0
     ld = sc.shape[1]
-    for r in range(rep):
-        h = g * rep + r
+    for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
-            m = min(BQ, S - i0)
-            ncols = i0 + m
+            m, ncols = _block(S, i0)
             _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv)
             go = dout[b, i0:, h]
             _mm(dp, ld, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
