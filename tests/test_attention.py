@@ -106,6 +106,54 @@ def test_compiled_backward_equals_the_interpreter(shape, dt):
             np.testing.assert_allclose(got[f"grad/{n}"], ref[f"grad/{n}"], atol=1e-10)
 
 
+
+def far_apart(dt, S=40):
+    """q, k, v whose rows' score maxima differ by ~120 within one block of query rows: the
+    even rows score about +60 against every key, the odd rows about -60 (k along one
+    direction, q along it or against it), so a shift by the block's max underflows the odd
+    rows' exps entirely (float32: e^-120 is 0; float64: their sums fall under REDO_BELOW)."""
+    rng = np.random.default_rng(5)
+    B, H, Hkv, D = 2, 4, 2, 4
+    u = np.ones(D) / 2.0
+    k = u + 0.2 * rng.standard_normal((B, S, Hkv, D))
+    sign = np.where(np.arange(S) % 2 == 0, 1.0, -1.0)[None, :, None, None]
+    q = sign * 120.0 * u + 0.5 * rng.standard_normal((B, S, H, D))
+    v = rng.standard_normal((B, S, Hkv, D))
+    return {"q": q.astype(NP[dt]), "k": k.astype(NP[dt]), "v": v.astype(NP[dt])}
+
+
+@pytest.mark.parametrize("dt", ["f64", "f32"])
+def test_rows_far_below_the_block_max_are_redone_with_their_own(dt):
+    """The kernels shift a block's exps by the block's max; rows ~120 below it (underflowing
+    there) must still get their own softmax: forward and gradients against the interpreter
+    (whose reference takes each row's own max)."""
+    f = far_apart(dt)
+    f["r"] = np.random.default_rng(9).standard_normal(f["q"].shape).astype(NP[dt])
+    g = graph({n: f[n] for n in "qkv"}, dt, loss=True)
+    gg = jg.grad(g, "loss", wrt=[], inputs=["q", "k", "v"])
+    want = interp.run(gg, f)
+    got = jg.compile(gg).run(**f)
+    tol = 1e-11 if dt == "f64" else 2e-5
+    for n in ("y", "grad/q", "grad/k", "grad/v"):
+        w = want[n]
+        assert np.isfinite(got[n]).all(), n
+        np.testing.assert_allclose(got[n], w, atol=tol * max(1.0, np.abs(w).max()), err_msg=n)
+
+
+@pytest.mark.parametrize("dt", ["f64", "f32"])
+def test_a_nan_key_poisons_only_the_rows_that_see_it(dt):
+    """A NaN in key 20 makes the block's max NaN: every row is then taken with its own max, so
+    the queries before 20 (which cannot see it) keep their finite outputs and the later ones
+    are NaN, as in the reference."""
+    f = feeds(1, 40, 2, 1, 4, dt)
+    f["k"][0, 20, 0, 1] = np.nan
+    g = graph(f, dt)
+    want = interp.run(g, f)["y"]
+    got = jg.compile(g).run(**f)["y"]
+    assert np.isfinite(got[:, :20]).all() and np.isnan(got[:, 20:]).all()
+    tol = 1e-12 if dt == "f64" else 2e-6
+    np.testing.assert_allclose(got[:, :20], want[:, :20], atol=tol, rtol=0)
+
 def test_llama_trains_through_the_op():
     """llama_forward uses attention (no causal_mask, no S x S scores) unless kv_f16 asks for
     llama.cpp's rounding; its training step's loss equals the interpreter's."""

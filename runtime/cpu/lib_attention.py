@@ -3,10 +3,13 @@
 Flash attention's blocking, with the products on BLAS: one task per (batch, kv head) (a prange
 over them), and in it, for each query head sharing that kv head and each block of BQ query
 rows i0..i0+m, only the keys the block can see (j < i0 + m):
-  forward   S = scale Q K^T (one GEMM into the thread's scratch, m x keys), E = e^(S - row
-            max) in place over the block's whole width (0 past each row's own position, a
-            select, so every row's loop has the same trip count), out = (E V) / rowsum(E)
-            (a GEMM writing the output rows, then each row scaled by its 1 / sum)
+  forward   S = scale Q K^T (one GEMM into the task's scratch, m x keys, contiguous), E =
+            e^(S - the block's max) in place over the block's whole width (0 past each row's
+            own position, a select, so every row's loop has the same trip count), out =
+            (E V) / rowsum(E) (a GEMM writing the output rows, then each row scaled by its
+            1 / sum). A row whose sum underflows there (its own max 35 or more below the
+            block's) is redone with its own max, as is every row of a block holding a
+            non-finite score (_causal_exp)
   backward  S and E again (recomputed: no S x S tensor is ever stored), P = E / rowsum(E)
             in the pass that forms dS, dP = dO V^T, dS = P (dP - rowsum(dO * out)) scale,
             dq = dS K, dk += dS^T Q, dv += P^T dO
@@ -25,7 +28,12 @@ normalising pass and a zero fill, the sum in float64): stories260K's 2.27 -> 1.8
 3.90 -> 3.39 backward, the exp passes' share of the forward 1.25 -> 0.8 ms. Tried and slower:
 rows one at a time with k and v transposed (no BLAS: 3.5 / 6.9 ms, the loops over at most 128
 keys are too short to vectorise well), the exp pass to a multiple of 16 past the row's length
-(variable trip counts: 2.0 ms).
+(variable trip counts: 2.0 ms). The block's max instead of each row's (one flat pass over the
+contiguous block; the per-row max passes ended in a horizontal reduction each, 0.25 ms of the
+forward): the softmax pass 0.87-0.93 -> 0.67 ms per forward at stories260K's shape, its
+forward 1.81 -> 1.54-1.58 ms, backward 3.70 -> 3.32-3.56. Tried and no faster
+(bench/README.md, session 8): the query heads sharing a kv head packed into one block (half
+the GEMM calls), and the block's query rows as the vector lanes.
 """
 from __future__ import annotations
 
@@ -63,38 +71,84 @@ def _mm(c, ldc, a, lda, ta, bm, ldb, tb, m, n, k, alpha, beta):
 
 
 @fkernel
+def _row_exp(row, n, ncols, mx):
+    """row[:ncols] -> e^(x_j - mx) for keys j < n, 0 from n on; returns the row's sum. The exp
+    runs over the whole width, then a select: a conditional exp is a branch LLVM does not
+    vectorise, and every row's loop has the same trip count."""
+    T = row.dtype.type
+    tot = T(0.0)
+    for j in range(ncols):
+        e = vexp(row[j] - mx)
+        e = e if j < n else T(0.0)
+        row[j] = e
+        tot += e
+    return tot
+
+
+@fkernel
+def _row_max(row, n):
+    """max(row[:n]), 0 when that is not finite (the exps then carry the NaN or inf)."""
+    T = row.dtype.type
+    mx = T(-math.inf)
+    for j in range(n):
+        mx = fmaximum(mx, row[j])  # vectorises (Python's max does not)
+    return mx if math.isfinite(mx) else T(0.0)
+
+
+# A row whose exps, shifted by the block's max, sum below this is redone with its own max: its
+# largest term is then under 2^-50, so terms that left the normal range (under 2^-126, or
+# 2^-1022 in float64) are under 2^-76 of the row's sum, past float32's and float64's precision
+# in it; every term above them keeps its relative rounding.
+REDO_BELOW = 2.0 ** -50
+
+
+@fkernel
 def _causal_exp(sc, i0, m, ncols, inv):
-    """Row ii of sc[:m, :ncols] (query i0 + ii) -> e^(x_j - max) for keys j <= i0 + ii, 0 past
-    them (not normalised: inv[ii] = 1 / the row's sum, which the caller folds into what it
-    computes from the row). The exp pass runs over the whole block width, masking, so every
-    row's loop has the same trip count (a multiple of 16 for S a multiple of 16)."""
+    """sc: the block's m x ncols scores, contiguous (row ii: query i0 + ii). Row ii -> e^(x_j -
+    top) for keys j <= i0 + ii, 0 past them, with top the max over the whole block (masked
+    scores too: real q.k products, so only a larger shift; one flat pass, which vectorises
+    where a max per row ended in a horizontal reduction each). Not normalised: inv[ii] = 1 /
+    the row's sum, which the caller folds into what it computes from the row. When the block
+    holds a NaN or an infinity every row takes its own max instead (the reference's
+    semantics: a non-finite score poisons its own row only). Returns how many rows summed
+    below REDO_BELOW: their scores are gone (overwritten by their exps), their inv is -1, and
+    the caller recomputes them (_probs)."""
     T = sc.dtype.type
+    flat = sc.reshape(m * ncols)
+    top = T(-math.inf)
+    for x in range(m * ncols):
+        top = fmaximum(top, flat[x])
+    exact = not math.isfinite(top)
+    redo = 0
     for ii in range(m):
         row = sc[ii]
         n = i0 + ii + 1
-        mx = T(-math.inf)
-        for j in range(n):
-            mx = fmaximum(mx, row[j])  # vectorises (Python's max does not)
-        if not math.isfinite(mx):
-            mx = T(0.0)
-        tot = T(0.0)
-        for j in range(ncols):
-            e = vexp(row[j] - mx)      # unconditional, then a select: a conditional exp
-            e = e if j < n else T(0.0)  # is a branch LLVM does not vectorise
-            row[j] = e
-            tot += e
-        inv[ii] = T(1.0) / tot
+        tot = _row_exp(row, n, ncols, _row_max(row, n) if exact else top)
+        if tot < T(REDO_BELOW) and not exact:
+            inv[ii] = T(-1.0)
+            redo += 1
+        else:
+            inv[ii] = T(1.0) / tot
+    return redo
 
 
 @fkernel
 def _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv):
-    """sc[:m, :ncols] = e^(scores - row max) of scale * q[b, i0:i0+m, h] k[b, :ncols, g]^T,
-    causal (0 past each row's query), inv the rows' 1 / sum (_causal_exp)."""
+    """sc (m x ncols, contiguous) = e^(scores - shift) of scale * q[b, i0:i0+m, h] k[b,
+    :ncols, g]^T, causal (0 past each row's query), inv the rows' 1 / sum (_causal_exp; a row
+    far below the block's max gets its scores again, one row's GEMM, and its own max)."""
     H, D = q.shape[2], q.shape[3]
     Hkv = k.shape[2]
-    _mm(sc, sc.shape[1], q[b, i0:, h], H * D, False, k[b, :, g], Hkv * D, True, m, ncols, D,
+    _mm(sc, ncols, q[b, i0:, h], H * D, False, k[b, :, g], Hkv * D, True, m, ncols, D,
         sct, 0.0)
-    _causal_exp(sc, i0, m, ncols, inv)
+    if _causal_exp(sc, i0, m, ncols, inv):
+        for ii in range(m):
+            if inv[ii] < 0:
+                row = sc[ii]
+                _mm(row, ncols, q[b, i0 + ii:, h], H * D, False, k[b, :, g], Hkv * D, True, 1,
+                    ncols, D, sct, 0.0)
+                n = i0 + ii + 1
+                inv[ii] = 1.0 / _row_exp(row, n, ncols, _row_max(row, n))
 
 
 @njit(inline="always", **_FAST)
@@ -117,11 +171,13 @@ def _fwd_task(t, q, k, v, out, sc, sct):
     Hkv = k.shape[2]
     b, g, rep = _task(t, q, k)
     inv = np.empty(sc.shape[0], sc.dtype)
+    flat = sc.reshape(sc.size)
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
-            _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv)
-            _mm(out[b, i0:, h], H * D, sc, sc.shape[1], False, v[b, :, g], Hkv * D, False,
+            blk = flat[:m * ncols].reshape((m, ncols))   # contiguous: _causal_exp's flat max
+            _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
+            _mm(out[b, i0:, h], H * D, blk, ncols, False, v[b, :, g], Hkv * D, False,
                 m, D, ncols, 1.0, 0.0)
             for ii in range(m):
                 for d in range(D):
@@ -139,13 +195,16 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
         for d in range(D):
             dk[b, j, g, d] = 0.0
             dv[b, j, g, d] = 0.0
-    ld = sc.shape[1]
+    flat, dflat = sc.reshape(sc.size), dp.reshape(dp.size)
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
-            _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv)
+            ld = ncols                                    # both blocks contiguous
+            blk = flat[:m * ncols].reshape((m, ncols))
+            dblk = dflat[:m * ncols].reshape((m, ncols))
+            _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
             go = dout[b, i0:, h]
-            _mm(dp, ld, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
+            _mm(dblk, ld, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
             for ii in range(m):
                 i = i0 + ii
                 di = 0.0
@@ -153,16 +212,16 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
                     di += float(dout[b, i, h, d]) * float(out[b, i, h, d])
                 dit = T(di)
                 w = inv[ii]
-                prow, drow = sc[ii], dp[ii]
+                prow, drow = blk[ii], dblk[ii]
                 for j in range(ncols):
                     p = prow[j] * w
                     prow[j] = p
                     drow[j] = p * (drow[j] - dit) * sct
-            _mm(dq[b, i0:, h], H * D, dp, ld, False, k[b, :, g], Hkv * D, False, m, D, ncols,
+            _mm(dq[b, i0:, h], H * D, dblk, ld, False, k[b, :, g], Hkv * D, False, m, D, ncols,
                 1.0, 0.0)
-            _mm(dk[b, :, g], Hkv * D, dp, ld, True, q[b, i0:, h], H * D, False, ncols, D, m,
+            _mm(dk[b, :, g], Hkv * D, dblk, ld, True, q[b, i0:, h], H * D, False, ncols, D, m,
                 1.0, 1.0)
-            _mm(dv[b, :, g], Hkv * D, sc, ld, True, go, H * D, False, ncols, D, m, 1.0, 1.0)
+            _mm(dv[b, :, g], Hkv * D, blk, ld, True, go, H * D, False, ncols, D, m, 1.0, 1.0)
 
 
 @fkernel
