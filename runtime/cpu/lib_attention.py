@@ -98,7 +98,11 @@ def _row_max(row, n):
 # A row whose exps, shifted by the block's max, sum below this is redone with its own max: its
 # largest term is then under 2^-50, so terms that left the normal range (under 2^-126, or
 # 2^-1022 in float64) are under 2^-76 of the row's sum, past float32's and float64's precision
-# in it; every term above them keeps its relative rounding.
+# in it; every term above them keeps its relative rounding. The shift itself rounds x - top to
+# within |x - top| 2^-24 (float32) where x - rowmax rounded to |x - rowmax| 2^-24, below what
+# the scores carry from their GEMM (|x| 2^-24 and more): against float64 on the same float32
+# inputs the outputs' error is the same either way (stories260K's shape, q scaled 1 to 10:
+# 4.2e-7 to 6.7e-6 with the row's max, 4.2e-7 to 6.7e-6 with the block's).
 REDO_BELOW = 2.0 ** -50
 
 
