@@ -9,7 +9,7 @@ rows i0..i0+m, only the keys the block can see (j < i0 + m):
             (E V) / rowsum(E) (a GEMM writing the output rows, then each row scaled by its
             1 / sum). A row whose sum underflows there (its own max 35 or more below the
             block's) is redone with its own max, as is every row of a block holding a
-            non-finite score (_causal_exp)
+            non-finite score (_probs)
   backward  S and E again (recomputed: no S x S tensor is ever stored), P = E / rowsum(E)
             in the pass that forms dS, dP = dO V^T, dS = P (dP - rowsum(dO * out)) scale,
             dq = dS K, dk += dS^T Q, dv += P^T dO
@@ -107,52 +107,35 @@ REDO_BELOW = 2.0 ** -50
 
 
 @fkernel
-def _causal_exp(sc, i0, m, ncols, inv):
-    """sc: the block's m x ncols scores, contiguous (row ii: query i0 + ii). Row ii -> e^(x_j -
-    top) for keys j <= i0 + ii, 0 past them, with top the max over the whole block (masked
-    scores too: real q.k products, so only a larger shift; one flat pass, which vectorises
-    where a max per row ended in a horizontal reduction each). Not normalised: inv[ii] = 1 /
-    the row's sum, which the caller folds into what it computes from the row. When the block
-    holds a NaN or an infinity every row takes its own max instead (the reference's
-    semantics: a non-finite score poisons its own row only). Returns how many rows summed
-    below REDO_BELOW: their scores are gone (overwritten by their exps), their inv is -1, and
-    the caller recomputes them (_probs)."""
+def _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv):
+    """sc: the block's m x ncols scores, contiguous (row ii: query i0 + ii), = scale * q[b,
+    i0:i0+m, h] k[b, :ncols, g]^T (one GEMM); then row ii -> e^(x_j - top) for keys j <= i0 +
+    ii, 0 past them, with top the max over the whole block (masked scores too: real q.k
+    products, so only a larger shift; one flat pass, which vectorises where a max per row
+    ended in a horizontal reduction each). Not normalised: inv[ii] = 1 / the row's sum, which
+    the caller folds into what it computes from the row. A row summing below REDO_BELOW gets
+    its scores again (one row's GEMM: the first pass overwrote them) and its own max; when
+    the block holds a NaN or an infinity every row takes its own max (the reference's
+    semantics: a non-finite score poisons its own row only)."""
+    H, D = q.shape[2], q.shape[3]
+    Hkv = k.shape[2]
     T = sc.dtype.type
+    _mm(sc, ncols, q[b, i0:, h], H * D, False, k[b, :, g], Hkv * D, True, m, ncols, D,
+        sct, 0.0)
     flat = sc.reshape(m * ncols)
     top = T(-math.inf)
     for x in range(m * ncols):
         top = fmaximum(top, flat[x])
     exact = not math.isfinite(top)
-    redo = 0
     for ii in range(m):
         row = sc[ii]
         n = i0 + ii + 1
         tot = _row_exp(row, n, ncols, _row_max(row, n) if exact else top)
         if tot < T(REDO_BELOW) and not exact:
-            inv[ii] = T(-1.0)
-            redo += 1
-        else:
-            inv[ii] = T(1.0) / tot
-    return redo
-
-
-@fkernel
-def _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv):
-    """sc (m x ncols, contiguous) = e^(scores - shift) of scale * q[b, i0:i0+m, h] k[b,
-    :ncols, g]^T, causal (0 past each row's query), inv the rows' 1 / sum (_causal_exp; a row
-    far below the block's max gets its scores again, one row's GEMM, and its own max)."""
-    H, D = q.shape[2], q.shape[3]
-    Hkv = k.shape[2]
-    _mm(sc, ncols, q[b, i0:, h], H * D, False, k[b, :, g], Hkv * D, True, m, ncols, D,
-        sct, 0.0)
-    if _causal_exp(sc, i0, m, ncols, inv):
-        for ii in range(m):
-            if inv[ii] < 0:
-                row = sc[ii]
-                _mm(row, ncols, q[b, i0 + ii:, h], H * D, False, k[b, :, g], Hkv * D, True, 1,
-                    ncols, D, sct, 0.0)
-                n = i0 + ii + 1
-                inv[ii] = 1.0 / _row_exp(row, n, ncols, _row_max(row, n))
+            _mm(row, ncols, q[b, i0 + ii:, h], H * D, False, k[b, :, g], Hkv * D, True, 1,
+                ncols, D, sct, 0.0)
+            tot = _row_exp(row, n, ncols, _row_max(row, n))
+        inv[ii] = T(1.0) / tot
 
 
 @njit(inline="always", **_FAST)
@@ -174,12 +157,11 @@ def _fwd_task(t, q, k, v, out, sc, sct):
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     b, g, rep = _task(t, q, k)
-    inv = np.empty(sc.shape[0], sc.dtype)
-    flat = sc.reshape(sc.size)
+    inv = np.empty(min(BQ, S), sc.dtype)
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
-            blk = flat[:m * ncols].reshape((m, ncols))   # contiguous: _causal_exp's flat max
+            blk = sc[:m * ncols].reshape((m, ncols))     # contiguous: _probs's flat max
             _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
             _mm(out[b, i0:, h], H * D, blk, ncols, False, v[b, :, g], Hkv * D, False,
                 m, D, ncols, 1.0, 0.0)
@@ -194,21 +176,19 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
     Hkv = k.shape[2]
     b, g, rep = _task(t, q, k)
     T = dq.dtype.type
-    inv = np.empty(sc.shape[0], sc.dtype)
+    inv = np.empty(min(BQ, S), sc.dtype)
     for j in range(S):
         for d in range(D):
             dk[b, j, g, d] = 0.0
             dv[b, j, g, d] = 0.0
-    flat, dflat = sc.reshape(sc.size), dp.reshape(dp.size)
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
-            ld = ncols                                    # both blocks contiguous
-            blk = flat[:m * ncols].reshape((m, ncols))
-            dblk = dflat[:m * ncols].reshape((m, ncols))
+            blk = sc[:m * ncols].reshape((m, ncols))     # both contiguous: row stride ncols
+            dblk = dp[:m * ncols].reshape((m, ncols))
             _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
             go = dout[b, i0:, h]
-            _mm(dblk, ld, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
+            _mm(dblk, ncols, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
             for ii in range(m):
                 i = i0 + ii
                 di = 0.0
@@ -221,16 +201,17 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
                     p = prow[j] * w
                     prow[j] = p
                     drow[j] = p * (drow[j] - dit) * sct
-            _mm(dq[b, i0:, h], H * D, dblk, ld, False, k[b, :, g], Hkv * D, False, m, D, ncols,
+            _mm(dq[b, i0:, h], H * D, dblk, ncols, False, k[b, :, g], Hkv * D, False, m, D, ncols,
                 1.0, 0.0)
-            _mm(dk[b, :, g], Hkv * D, dblk, ld, True, q[b, i0:, h], H * D, False, ncols, D, m,
+            _mm(dk[b, :, g], Hkv * D, dblk, ncols, True, q[b, i0:, h], H * D, False, ncols, D, m,
                 1.0, 1.0)
-            _mm(dv[b, :, g], Hkv * D, blk, ld, True, go, H * D, False, ncols, D, m, 1.0, 1.0)
+            _mm(dv[b, :, g], Hkv * D, blk, ncols, True, go, H * D, False, ncols, D, m, 1.0, 1.0)
 
 
 @fkernel
 def _slab(work, i, rows, S):
-    return work[i * rows * S:(i + 1) * rows * S].reshape((rows, S))
+    """Task i's flat scratch, rows x S elements (its blocks are carved from the front)."""
+    return work[i * rows * S:(i + 1) * rows * S]
 
 
 @pfkernel

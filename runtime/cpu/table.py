@@ -65,7 +65,6 @@ _SOFTMAX = (
 _SOFTMAX_STORED = ((_SOFTMAX[0], (["s = 0.0"], ["e = {exp}({0} - mt)", "{buf}[r, j] = e",
                                              "s += e"], ["inv = {T}(1.0 / s)"])),
                    "{buf}[r, j] * inv")
-_FMAX = lower.FMAX_IMPORTS
 _LN_MEAN = (["mu = 0.0"], ["mu += {0}"], ["mu = mu / {D}", "mut = {T}(mu)"])
 _RMS = (["ss = 0.0"], ["ss += {0} * {0}"], ["rs = {T}(1.0 / math.sqrt(ss / {D} + {eps}))"])
 _LN_VAR = (["var = 0.0"], ["xc = {0} - mut", "var += xc * xc"],
@@ -80,9 +79,9 @@ _LN_BACK = (["var = 0.0", "sg = 0.0", "sgx = 0.0"],
 TABLE = {
     # rows: fused.rows over the last axis, the library kernel otherwise
     "softmax": Rows(_SOFTMAX, "{exp}({0} - mt) * inv", Library("softmax", _axis),
-                    stored=_SOFTMAX_STORED, imports=_FMAX),
+                    stored=_SOFTMAX_STORED, imports=lower.FMAX_IMPORTS),
     "log_softmax": Rows(_SOFTMAX, "({0} - mt) - lg", Library("log_softmax", _axis),
-                        imports=_FMAX),
+                        imports=lower.FMAX_IMPORTS),
     "softmax_back": Rows(((["dot = 0.0"], ["dot += {1} * {0}"], ["dt = {T}(dot)"]),),
                          "{0} * ({1} - dt)", Library("softmax_back", _axis)),
     "rms_norm": Rows((_RMS,), "{0} * rs", Library("rms_norm", _eps)),
