@@ -132,6 +132,59 @@ def test_serial_gemm_bound_keeps_results(bound):
         blas._probe["auto"] = auto
 
 
+def test_small_kernel_tiling_decisions():
+    """Which one-thread GEMMs are cut for OpenBLAS's small-matrix kernels, and along what: k
+    for A transposed, rows of c for neither, never with B transposed or under the bound."""
+    from jitgraph.runtime.cpu.blas import tiling
+    big = 1_000_000
+    assert tiling(True, False, 8, 64, 2048, big) == (2, big // (8 * 64))     # a weight gradient
+    assert tiling(False, False, 2048, 64, 8, big) == (0, big // (64 * 8))    # x @ w
+    assert tiling(False, True, 2048, 8, 64, big) == (-1, 0)                  # B transposed
+    assert tiling(True, True, 64, 64, 2048, big) == (-1, 0)
+    assert tiling(False, False, 100, 100, 100, big) == (-1, 0)               # at the bound
+    assert tiling(False, False, 2, 1000, 2000, big) == (-1, 0)               # no row fits
+    assert tiling(True, False, 8, 64, 2048, 0) == (-1, 0)                    # 0: never cut
+
+
+@pytest.mark.parametrize("small", [0, 40, 1000, 10 ** 6])
+def test_tiled_gemm_keeps_results(small):
+    """Every tiling (uneven last tiles, one-row and one-k tiles, alpha and beta, both
+    precisions) gives float64 numpy's product; the previous bound comes back."""
+    from jitgraph.runtime.cpu import blas
+    rng = np.random.default_rng(4)
+    auto = blas._probe["auto"]
+    serial, was = blas.set_serial_max(2 ** 40), blas.set_small_mnk(small)
+    try:
+        for gemm, dt, tol in ((blas.gemm_f32, np.float32, 1e-5),
+                              (blas.gemm_f64, np.float64, 1e-12)):
+            for m, n, k in ((13, 3, 50), (37, 5, 211), (8, 64, 2048), (2048, 8, 64), (1, 7, 9)):
+                for ta, tb in ((True, False), (False, False), (False, True)):
+                    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dt)
+                    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dt)
+                    c0 = rng.standard_normal((m, n)).astype(dt)
+                    for alpha, beta in ((1.0, 0.0), (-0.5, 1.0), (2.0, 0.25)):
+                        c = c0.copy()
+                        gemm(ta, tb, alpha, a, b, beta, c)
+                        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+                        want = alpha * ((a64.T if ta else a64) @ (b64.T if tb else b64)) + \
+                            beta * c0
+                        err = float(np.abs(c - want).max() / (np.abs(want).max() + 1))
+                        assert err < tol, (dt.__name__, m, n, k, ta, tb, alpha, beta, err)
+    finally:
+        assert blas.set_small_mnk(was) == small
+        blas.set_serial_max(serial)
+        blas._probe["auto"] = auto
+
+
+def test_small_kernel_bound_env_is_checked():
+    assert _run("from jitgraph.runtime.cpu import blas; print(blas.small_mnk())",
+                JITGRAPH_BLAS_SMALL_MNK="1234") == "1234"
+    e = {**os.environ, "JITGRAPH_BLAS_SMALL_MNK": "lots"}
+    r = subprocess.run([sys.executable, "-c", "import jitgraph.runtime.cpu.blas"],
+                       capture_output=True, text=True, env=e, timeout=600)
+    assert r.returncode != 0 and "JITGRAPH_BLAS_SMALL_MNK='lots'" in r.stderr
+
+
 def test_serial_bound_follows_the_load(monkeypatch):
     """adapt(): QUIET_BOUND until an interval is measured and while the process's threads
     wait for no core, BUSY_BOUND for HOLD_SECONDS after two intervals running in which their

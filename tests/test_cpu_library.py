@@ -201,6 +201,14 @@ def test_rope(dt):
     rng = np.random.default_rng(9)
     x = rand(rng, (2, 5, 3, 6), dtype)
     pos = np.array([0, 3, 1, 7, 2], np.int32)
+    # the kernels' other paths: no batch axis, two batch axes, and a slab loop
+    # long enough to run in parallel (x.size >= 4 * PAR_MIN_WORK)
+    for shape in [(5, 3, 6), (2, 2, 5, 2, 4), (9, 5, 96, 128)]:
+        xs = rand(rng, shape, dtype)
+        for mode in ("normal", "neox"):
+            for op in ("rope", "rope_back"):
+                close(call(getattr(lib, op), [xs, pos], xs, 500.0, mode == "neox"),
+                      ref(op, xs, pos, theta=500.0, mode=mode), tol)
     for mode in ("normal", "neox"):
         for op in ("rope", "rope_back"):
             got = call(getattr(lib, op), [x, pos], x, 500.0, mode == "neox")

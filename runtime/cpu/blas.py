@@ -310,15 +310,111 @@ def restore_threads(was):
         _set_threads(was)
 
 
+# ---- tiles for OpenBLAS's small-matrix kernels ----------------------------------------------
+# OpenBLAS's SkylakeX-class builds (the AVX-512 kernels numpy's wheels pick on Intel since
+# Skylake-X and on AMD Zen 4) run a GEMM with m*n*k <= 100^3 through "small matrix" kernels
+# that read the operands where they lie, and pack them above that: a LoRA adapter's weight
+# gradient [2048,8]^T [2048,64] (k 2048, m*n*k 1.05M) took 39 us on one thread, its halves of k
+# 10.6 us each (2-core Zen 4, thread time; k = 1953 and 1960 either side of the bound: 24 and
+# 49 us). So a one-thread GEMM above the bound is cut into tiles under it where that pays,
+# measured on the shapes of a stories260K finetuning step and the MNIST MLP (one thread, us,
+# whole -> tiles): A transposed (a weight gradient, k = tokens) cut along k, each tile
+# accumulating into c: [8,64] k 2048 39 -> 19, [64,8] 46 -> 21, [32,64] 101 -> 74, [64,64]
+# 182 -> 150, [500,10] k 1000 259 -> 123; neither transposed cut along the rows of c:
+# [2048,64] k 8 32 -> 24, [2048,8] k 64 41 -> 26, [2048,64] k 64 180 -> 148, [1000,10] k 500
+# 214 -> 140; float64 alike ([2048,8] k 64 106 -> 39, [64,8] k 2048 92 -> 40). B transposed
+# gained nothing cut any way ([2048,8] k 64 42 -> 42 along m, 46 along k) and stays whole, as
+# do GEMMs on OpenBLAS's threads (above the one-thread bound: MNIST's [1000,10] k 500 in five
+# one-thread tiles 141 us, on two OpenBLAS threads 141 us; its MLP step the same either way).
+# The stories260K LoRA step, in turns in one process: 46.8 -> 44.3 ms (full: 59.4 -> 57.9).
+# Other builds (AVX2 Haswell/Zen kernels) have no such kernels: there the bound is 0 and
+# nothing is cut. JITGRAPH_BLAS_SMALL_MNK=<m*n*k> overrides it (0: never cut); like the
+# one-thread bound it lives at a symbol that compiled kernels read at each call.
+SMALL_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+SMALL_MNK_DEFAULT = 1_000_000
+
+
+def _small_mnk_default() -> int:
+    """SMALL_MNK_DEFAULT when numpy's OpenBLAS runs SkylakeX-class kernels, else 0."""
+    if not _NUMPY:
+        return 0
+    from threadpoolctl import threadpool_info
+    for info in threadpool_info():
+        if os.path.realpath(info.get("filepath") or "") == os.path.realpath(_NUMPY[0]):
+            arch = str(info.get("architecture") or "").lower()
+            return SMALL_MNK_DEFAULT if arch in SMALL_CORES else 0
+    return 0
+
+
+_SMALL_ENV = os.environ.get("JITGRAPH_BLAS_SMALL_MNK", "").strip()
+if _SMALL_ENV and not _SMALL_ENV.isdigit():
+    raise ValueError(f"JITGRAPH_BLAS_SMALL_MNK={_SMALL_ENV!r}: expected a non-negative integer "
+                     f"(m*n*k of the largest tile; 0 never cuts a GEMM)")
+_SMALL_MNK = ctypes.c_int64(int(_SMALL_ENV) if _SMALL_ENV else _small_mnk_default())
+llvm.add_symbol("jitgraph_blas_small_mnk", ctypes.addressof(_SMALL_MNK))
+
+
+def small_mnk() -> int:
+    """The tile bound in use (0: GEMMs are never cut)."""
+    return _SMALL_MNK.value
+
+
+def set_small_mnk(work: int) -> int:
+    """Cut one-thread GEMMs into tiles of m*n*k <= work (0: never); returns the previous bound."""
+    was = _SMALL_MNK.value
+    _SMALL_MNK.value = int(work)
+    return was
+
+
+@intrinsic
+def _small_max(typingctx):
+    """The current tile bound (the int64 at symbol jitgraph_blas_small_mnk, read at each call)."""
+    def codegen(context, builder, sig, args):
+        gv = cgutils.add_global_variable(builder.module, ir.IntType(64), "jitgraph_blas_small_mnk")
+        gv.linkage = "external"
+        return builder.load(gv)
+    return types.int64(), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def tiling(ta, tb, m, n, k, small):
+    """(axis, step) cutting a one-thread row-major GEMM c[m, n] (inner dimension k) into tiles
+    of m*n*k <= small: axis 2 = k (A transposed, B not), 0 = rows of c (neither transposed);
+    (-1, 0) leaves it whole (small enough already, B transposed, or no tile fits)."""
+    if small <= 0 or m * n * k <= small or tb:
+        return -1, 0
+    if ta:
+        step = small // (m * n)
+        return (2, step) if step >= 1 else (-1, 0)
+    step = small // (n * k)
+    return (0, step) if step >= 1 else (-1, 0)
+
+
 @njit(cache=True, nogil=True)
 def gemm(ta, tb, alpha, a, b, beta, c):
     """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 or float64
-    arrays (sgemm / dgemm)."""
+    arrays (sgemm / dgemm); a one-thread GEMM above the small-kernel bound in tiles (above)."""
     fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
-    if m and n:
-        was = one_thread() if m * n * k <= _serial_max() else 1
+    if not (m and n):
+        return
+    if m * n * k > _serial_max():
         _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
-        restore_threads(was)
+        return
+    was = one_thread()
+    axis, step = tiling(ta, tb, m, n, k, _small_max())
+    if axis == 2:                       # k in tiles: a's rows k0.., b's rows k0.., into c
+        bt = beta
+        for k0 in range(0, k, step):
+            kk = min(step, k - k0)
+            _xgemm(c, fb, fa, n, m, kk, alpha, b[k0:], ldb, a[k0:], lda, bt, ldc)
+            bt = 1.0
+    elif axis == 0:                     # rows of c in tiles: a's rows i0..
+        for i0 in range(0, m, step):
+            _xgemm(c[i0:], fb, fa, n, min(step, m - i0), k, alpha, b, ldb, a[i0:], lda, beta,
+                   ldc)
+    else:
+        _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
+    restore_threads(was)
 
 
 gemm_f32 = gemm_f64 = gemm      # the names generated kernels import (gemm_<dtype>)

@@ -118,44 +118,43 @@ def _rope_table(pos, D, theta, sign, cs, sn):
 
 
 @kernel
-def _rope_row(xf, of, r, S, H, D, cs, sn, neox):
-    """Rotate every head of row r (batch r // S, position s = r % S) of the flat x [B, S, H, D]
-    with the table's row s: the row's H * D elements in one contiguous pass (mode normal: its
-    H * D/2 adjacent pairs in one loop, which vectorises: it indexes views of the row from 0,
-    as an index computed as base + i may be negative as far as numba knows, and its wraparound
-    select kept LLVM from vectorising: stories260K's q rows 50 -> 20 us. The per-head loops of
-    mode neox and odd D are a few pairs long; views cost them more than they gain)."""
-    s = r % S
+def _rope_slab(xf, of, b, S, H, D, cs, sn, neox):
+    """Rotate slab b (one batch index: S positions x H heads x D, contiguous) of the flat x
+    with the table (D is even: the op's shape rule). Mode normal: the slab's S * H * D/2
+    adjacent pairs against the table read flat (row s of the table is position s's H * D/2
+    pairs) in one loop, which vectorises: it indexes views from 0, as an index computed as
+    base + i may be negative as far as numba knows, and its wraparound select kept LLVM from
+    vectorising. One loop per slab, not per (batch, position) row: a row is 32 to 64 elements
+    at stories260K's width, and the per-row calls cost more than the rotation (one thread,
+    table included: its q [16, 128, 8, 8] 108 -> 35 us, k [16, 128, 4, 8] 88 -> 20 us). The
+    per-head loops of mode neox are a few pairs long; views cost them more than they gain."""
     half = D // 2
-    base = r * H * D
-    if neox:
+    n = S * H * D
+    base = b * n
+    if not neox:
+        m = S * H * half
+        xr, orow = xf[base:base + n], of[base:base + n]
+        c, sg = cs.reshape(m), sn.reshape(m)
+        for p in range(m):
+            a, z = xr[2 * p], xr[2 * p + 1]
+            orow[2 * p] = a * c[p] - z * sg[p]
+            orow[2 * p + 1] = a * sg[p] + z * c[p]
+        return
+    for s in range(S):
         for h in range(H):
-            hb = base + h * D
+            hb = base + (s * H + h) * D
             for i in range(half):
                 a, z, c, sg = xf[hb + i], xf[hb + i + half], cs[s, i], sn[s, i]
                 of[hb + i] = a * c - z * sg
                 of[hb + i + half] = a * sg + z * c
-    elif D == 2 * half:
-        xr, orow, c, sg = xf[base:base + H * D], of[base:base + H * D], cs[s], sn[s]
-        for p in range(H * half):
-            a, z = xr[2 * p], xr[2 * p + 1]
-            orow[2 * p] = a * c[p] - z * sg[p]
-            orow[2 * p + 1] = a * sg[p] + z * c[p]
-    else:                                  # odd D: the last element of each head is left as is
-        for h in range(H):
-            hb = base + h * D
-            for i in range(half):
-                a, z, c, sg = xf[hb + 2 * i], xf[hb + 2 * i + 1], cs[s, i], sn[s, i]
-                of[hb + 2 * i] = a * c - z * sg
-                of[hb + 2 * i + 1] = a * sg + z * c
-            of[hb + D - 1] = xf[hb + D - 1]
 
 
 @pkernel
 def _rope(x, pos, out, work, theta, neox, sign):
-    """The angles' cos/sin into `work` (workspace_size_rope elements) first, then each
-    (batch, position) row in memory order. The former loop, angle outermost and batch rows
-    (64 KB apart) innermost, ran at under a fifth of memory speed."""
+    """The angles' cos/sin into `work` (workspace_size_rope elements) first, then each batch
+    slab [S, H, D] in memory order (a prange over the slabs when there is work enough). The
+    former loop, angle outermost and batch rows (64 KB apart) innermost, ran at under a fifth
+    of memory speed."""
     S, H, D = x.shape[x.ndim - 3], x.shape[x.ndim - 2], x.shape[x.ndim - 1]
     if x.size == 0:
         return
@@ -164,13 +163,15 @@ def _rope(x, pos, out, work, theta, neox, sign):
     sn = work[n:2 * n].reshape((S, H * (D // 2)))
     _rope_table(pos, D, theta, sign, cs, sn)
     xf, of = x.reshape(x.size), out.reshape(out.size)
-    rows = x.size // (H * D)
-    if x.size * 2 < PAR_MIN_WORK:
-        for r in range(rows):
-            _rope_row(xf, of, r, S, H, D, cs, sn, neox)
+    slabs = x.size // (S * H * D)
+    # ~0.3 ns an element in one thread (stories260K's q: 35 us), so a prange region pays only
+    # from some 4 * PAR_MIN_WORK elements (two threads took 60-100 us on that q)
+    if x.size < 4 * PAR_MIN_WORK or slabs == 1:
+        for b in range(slabs):
+            _rope_slab(xf, of, b, S, H, D, cs, sn, neox)
     else:
-        for r in prange(rows):
-            _rope_row(xf, of, r, S, H, D, cs, sn, neox)
+        for b in prange(slabs):
+            _rope_slab(xf, of, b, S, H, D, cs, sn, neox)
 
 
 @kernel

@@ -33,6 +33,9 @@ calls `configure()` first; libgomp reads OMP_WAIT_POLICY when the pool starts). 
                          per small GEMM (a 2-thread stories260K step 0.7-4.8 s against 0.1-0.6 s
                          with one thread; bench/llama_threads.py). 0 leaves every GEMM to
                          OpenBLAS's own choice.
+  JITGRAPH_BLAS_SMALL_MNK one-thread GEMMs above this m*n*k are cut into tiles under it, for
+                         OpenBLAS's small-matrix kernels (default 10^6 with its SkylakeX-class
+                         kernels, else 0: never; blas.py)
 """
 from __future__ import annotations
 
