@@ -27,7 +27,8 @@ import warnings
 
 from llvmlite import binding as llvm
 from llvmlite import ir
-from numba import cfunc, njit, types
+from numba import cfunc, njit, prange, types
+from numba.core import config as numba_config
 from numba.core import cgutils
 from numba.extending import get_cython_function_address, intrinsic, overload
 
@@ -149,28 +150,35 @@ _dgemm = _extern("jitgraph_dgemm64", _address("dgemm", types.float64), types.flo
 
 _N, _T = 78, 84   # ord("N"), ord("T")
 
-# ---- one BLAS thread for small GEMMs ---------------------------------------------------------
-# OpenBLAS splits every sgemm above m*n*k = 64^3 over its threads. On an idle machine that pays
-# from ~2^22: a 2048x128x128 GEMM runs 0.36 ms on two threads against 0.67 ms on one. But each
-# split GEMM must wait for its second thread to be scheduled before it returns, and on a busy
-# machine that wait dominates: measured on the shared 2-core host under load (load average ~4),
-# a 64x64 (k 2048) weight gradient took 0.2 ms on one thread, 12 ms (the default
-# OPENBLAS_THREAD_TIMEOUT) to 80 ms (timeout 4) on two; a whole stories260K finetuning step
-# 875 ms on two threads against 98 ms on one. So GEMMs with m*n*k <= the bound run on one thread
-# (OpenBLAS's thread count set to 1 around the call and restored: two stores, no thread is
-# created or stopped), and the bound follows the machine (adapt(), called by the program before
-# each step, at most every PROBE_SECONDS): QUIET_BOUND while this process's threads do not wait
-# for a core, BUSY_BOUND for HOLD_SECONDS after they did in two probe intervals running (their
-# run delay, /proc/self/task/*/schedstat, above RUN_DELAY_BUSY of the wall time: the very wait
-# that makes split GEMMs slow; one interval alone is often a neighbour's burst, such as another
-# process's OpenMP threads spinning down). Only intervals of steps run back to back count: one
-# longer than STALE_SECONDS spans other work (a compile, data loading, a pause) and is not
-# judged. Starts at QUIET_BOUND: starting at BUSY_BOUND held a short run's first ~50 ms of
-# steps on one thread for nothing (the MNIST MLP step at batch 100 timed 1.8 ms there against
-# 1.15 ms quiet, which is what `jitgraph bench`'s 10 steps measured). Quiet
-# 2-core host, 2 threads, wall ms per step: width-128 llama training 141 -> 101, stories260K full
-# finetune 67 -> 52 (bench/llama_threads.py).
-# JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: OpenBLAS decides alone), as does
+# ---- one thread pool: OpenBLAS always on one thread, big GEMMs in bands over numba's pool --------
+# OpenBLAS's own threads sleep between GEMMs (OPENBLAS_THREAD_TIMEOUT), as numba's OpenMP
+# threads did under OMP_WAIT_POLICY=PASSIVE, and on these VMs waking a sleeping thread costs
+# 25-60 us (a prange over two threads with nothing to do: 58 us passive, 1.7 us spinning), so
+# every split GEMM and every parallel kernel of a step paid it. Two pools that spin starve each
+# other (a GEMM after a prange kernel ran 3x slower). So there is one pool: numba's, whose
+# threads spin a moment after each parallel region (libgomp's default policy) and then sleep,
+# and OpenBLAS runs on one thread in every call jitgraph makes (its thread count set to 1 around
+# the call and restored: two stores). A GEMM above the one-thread bound is cut into one band of
+# c's rows per pool thread (_bands), each band in small-kernel tiles where they pay. Against
+# OpenBLAS's two threads (2-core Zen 4, back to back, us): [2048,64] k 64 135 -> 83, [2048,64]
+# k 172 265 -> 215, [2048,172] k 64 300 -> 253, [1000,10] k 500 152 -> 79, MNIST's [1000,500]
+# k 784 4553 -> 4072; the stories260K LoRA step, three runs each in turns: 47.9 / 49.3 / 56.1 ->
+# 42.9 / 37.2 / 47.1 ms, its CPU time over wall time 1.66 -> 1.99.
+# Small GEMMs stay on the calling thread: on a busy machine a band must wait for its thread to
+# be scheduled before the GEMM returns, and that wait dominates: measured on the shared 2-core
+# host under load (load average ~4) with OpenBLAS's own threads, a 64x64 (k 2048) weight
+# gradient took 0.2 ms on one thread, 12 to 80 ms on two; a whole stories260K finetuning step
+# 875 ms against 98 ms. So GEMMs with m*n*k <= the bound run on the calling thread, and the
+# bound follows the machine (adapt(), called by the program before each step, at most every
+# PROBE_SECONDS): QUIET_BOUND while this process's threads do not wait for a core, BUSY_BOUND
+# for HOLD_SECONDS after they did in two probe intervals running (their run delay,
+# /proc/self/task/*/schedstat, above RUN_DELAY_BUSY of the wall time: the very wait that makes
+# split GEMMs slow; one interval alone is often a neighbour's burst). Only intervals of steps
+# run back to back count: one longer than STALE_SECONDS spans other work (a compile, data
+# loading, a pause) and is not judged. Starts at QUIET_BOUND: starting at BUSY_BOUND held a
+# short run's first ~50 ms of steps on one thread for nothing (the MNIST MLP step at batch 100
+# timed 1.8 ms there against 1.15 ms quiet).
+# JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: every GEMM in bands), as does
 # set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
 QUIET_BOUND, BUSY_BOUND = 1 << 22, 1 << 26
 PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 5.0, 0.05, 0.5
@@ -233,13 +241,21 @@ def adapt(now=time.monotonic) -> None:
     p["last"] = (t, delay)
 
 
+def _external_int64(module, name):
+    """The module's declaration of the int64 at symbol `name` (one per module: a second
+    add_global_variable of the name would be renamed name.1, a symbol nobody defines)."""
+    gv = module.globals.get(name)
+    if gv is None:
+        gv = cgutils.add_global_variable(module, ir.IntType(64), name)
+        gv.linkage = "external"
+    return gv
+
+
 @intrinsic
 def _serial_max(typingctx):
     """The current bound (the int64 at symbol jitgraph_blas_serial_max, read at each call)."""
     def codegen(context, builder, sig, args):
-        gv = cgutils.add_global_variable(builder.module, ir.IntType(64), "jitgraph_blas_serial_max")
-        gv.linkage = "external"
-        return builder.load(gv)
+        return builder.load(_external_int64(builder.module, "jitgraph_blas_serial_max"))
     return types.int64(), codegen
 
 
@@ -370,43 +386,58 @@ def set_small_mnk(work: int) -> int:
 def _small_max(typingctx):
     """The current tile bound (the int64 at symbol jitgraph_blas_small_mnk, read at each call)."""
     def codegen(context, builder, sig, args):
-        gv = cgutils.add_global_variable(builder.module, ir.IntType(64), "jitgraph_blas_small_mnk")
-        gv.linkage = "external"
-        return builder.load(gv)
+        return builder.load(_external_int64(builder.module, "jitgraph_blas_small_mnk"))
     return types.int64(), codegen
+
+
+# The pool's size: bands per GEMM above the one-thread bound (a symbol like the bounds: numba's
+# thread count is not cacheable in machine code).
+_POOL = ctypes.c_int64(max(1, numba_config.NUMBA_NUM_THREADS))
+llvm.add_symbol("jitgraph_pool_threads", ctypes.addressof(_POOL))
+
+
+def set_pool_threads(n: int) -> int:
+    """Bands per pooled GEMM (threading.configure() sets numba's thread count); returns the
+    previous count."""
+    was = _POOL.value
+    _POOL.value = max(1, int(n))
+    return was
+
+
+@intrinsic
+def _pool_threads(typingctx):
+    def codegen(context, builder, sig, args):
+        return builder.load(_external_int64(builder.module, "jitgraph_pool_threads"))
+    return types.int64(), codegen
+
+
+MIN_TILE = 16    # rows (or k) per tile, at least: a 2-row tile of [1000,500] k 784 ran 2x slower
 
 
 @njit(cache=True, nogil=True, inline="always")
 def tiling(ta, tb, m, n, k, small):
     """(axis, step) cutting a one-thread row-major GEMM c[m, n] (inner dimension k) into tiles
     of m*n*k <= small: axis 2 = k (A transposed, B not), 0 = rows of c (neither transposed);
-    (-1, 0) leaves it whole (small enough already, B transposed, or no tile fits)."""
+    (-1, 0) leaves it whole (small enough already, B transposed, or tiles of under MIN_TILE
+    rows or k: OpenBLAS's packing then pays)."""
     if small <= 0 or m * n * k <= small or tb:
         return -1, 0
-    if ta:
-        step = small // (m * n)
-        return (2, step) if step >= 1 else (-1, 0)
-    step = small // (n * k)
-    return (0, step) if step >= 1 else (-1, 0)
+    step = small // (m * n) if ta else small // (n * k)
+    if step < MIN_TILE:
+        return -1, 0
+    return (2, step) if ta else (0, step)
 
 
 @njit(cache=True, nogil=True)
-def gemm(ta, tb, alpha, a, b, beta, c):
-    """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 or float64
-    arrays (sgemm / dgemm); a one-thread GEMM above the small-kernel bound in tiles (above)."""
-    fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
-    if not (m and n):
-        return
-    if m * n * k > _serial_max():
-        _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
-        return
-    was = one_thread()
-    axis, step = tiling(ta, tb, m, n, k, _small_max())
+def _tiled(ta, tb, alpha, a, lda, b, ldb, beta, c, ldc, m, n, k, small):
+    """c[m, n] = alpha op(a) op(b) + beta c on the calling thread, in tiles (tiling) where
+    they pay; lda, ldb, ldc: the row strides as stored."""
+    fa, fb = (_T if ta else _N), (_T if tb else _N)
+    axis, step = tiling(ta, tb, m, n, k, small)
     if axis == 2:                       # k in tiles: a's rows k0.., b's rows k0.., into c
         bt = beta
         for k0 in range(0, k, step):
-            kk = min(step, k - k0)
-            _xgemm(c, fb, fa, n, m, kk, alpha, b[k0:], ldb, a[k0:], lda, bt, ldc)
+            _xgemm(c, fb, fa, n, m, min(step, k - k0), alpha, b[k0:], ldb, a[k0:], lda, bt, ldc)
             bt = 1.0
     elif axis == 0:                     # rows of c in tiles: a's rows i0..
         for i0 in range(0, m, step):
@@ -414,6 +445,49 @@ def gemm(ta, tb, alpha, a, b, beta, c):
                    ldc)
     else:
         _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _bands(ta, tb, alpha, a, b, beta, c, parts, small):
+    """c's rows in `parts` bands, one per thread of numba's pool, each band _tiled (a's rows,
+    or with A transposed its columns: the same stride from a later start)."""
+    m, n = c.shape
+    k = a.shape[0] if ta else a.shape[1]
+    lda, ldb = max(a.shape[1], 1), max(b.shape[1], 1)
+    h = (m + parts - 1) // parts
+    for p in prange(parts):
+        i0 = p * h
+        i1 = min(m, i0 + h)
+        if i0 < i1:
+            ab = a[:, i0:] if ta else a[i0:]
+            _tiled(ta, tb, alpha, ab, lda, b, ldb, beta, c[i0:], n, i1 - i0, n, k, small)
+
+
+@njit(cache=True, nogil=True)
+def gemm_one(ta, tb, alpha, a, b, beta, c):
+    """gemm on the calling thread only (OpenBLAS's one thread, in tiles where they pay): for
+    library kernels calling it from their own prange (lib_conv's images)."""
+    fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
+    if m and n:
+        was = one_thread()
+        _tiled(ta, tb, alpha, a, lda, b, ldb, beta, c, ldc, m, n, k, _small_max())
+        restore_threads(was)
+
+
+@njit(cache=True, nogil=True)
+def gemm(ta, tb, alpha, a, b, beta, c):
+    """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 or float64
+    arrays (sgemm / dgemm), OpenBLAS on one thread throughout: up to the one-thread bound on
+    the calling thread, above it c's rows in one band per thread of numba's pool."""
+    fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
+    if not (m and n):
+        return
+    was = one_thread()
+    parts = min(_pool_threads(), m)
+    if m * n * k > _serial_max() and parts > 1:
+        _bands(ta, tb, alpha, a, b, beta, c, parts, _small_max())
+    else:
+        _tiled(ta, tb, alpha, a, lda, b, ldb, beta, c, ldc, m, n, k, _small_max())
     restore_threads(was)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numba
 from numba import prange
 
-from .blas import gemm   # sgemm or dgemm by dtype
+from .blas import gemm_one as gemm   # on the calling thread: it runs inside prange
 from .lib_common import PAR_MIN_WORK, kernel, pkernel
 
 
