@@ -240,3 +240,36 @@ def test_import_leaves_the_omp_wait_policy_to_libgomp():
             "print(os.environ.get('OMP_WAIT_POLICY', 'unset'))")
     assert _run(code, without=("OMP_WAIT_POLICY",)) == "unset"
     assert _run(code, OMP_WAIT_POLICY="PASSIVE") == "PASSIVE"
+
+
+def test_transposed_weight_copy_decision_and_results():
+    """c = a b^T with K small, B small and c tall runs as b copied into its transpose
+    (runtime/cpu/lower.py transpose_pays, blas.gemm_bt); its results, as a plain matmul
+    kernel and as a GEMM with an epilogue (float32 and float64), equal float64 numpy's."""
+    import jitgraph as jg
+    from jitgraph.runtime.cpu.lower import transpose_pays
+    assert transpose_pays(False, True, 2048, 64, 8)
+    assert transpose_pays(False, True, 2048, 512, 64)                  # the output layer
+    assert not transpose_pays(False, True, 100, 500, 784)              # K large
+    assert not transpose_pays(False, True, 1000, 500, 784)
+    assert not transpose_pays(False, True, 100, 10, 500)
+    assert not transpose_pays(False, True, 100, 500, 10)               # c short
+    assert not transpose_pays(False, False, 2048, 64, 8)               # B not transposed
+    assert not transpose_pays(True, True, 2048, 64, 8)
+    assert not transpose_pays(False, True, 4096, 2048, 128)            # B too big to copy
+    rng = np.random.default_rng(5)
+    for dt, tol in (("f32", 1e-5), ("f64", 1e-12)):
+        for m, n, k in ((300, 40, 30), (256, 7, 256), (2048, 64, 8)):
+            assert transpose_pays(False, True, m, n, k)
+            g = jg.Graph("bt")
+            x, w, b = g.input("x", (m, k), dt), g.input("w", (n, k), dt), g.input("b", (n,), dt)
+            g.output(y=x @ w.T, z=jg.relu(x @ w.T + b))
+            np_dt = np.float32 if dt == "f32" else np.float64
+            xs, ws, bs = (rng.standard_normal(s).astype(np_dt) for s in ((m, k), (n, k), (n,)))
+            want = xs.astype(np.float64) @ ws.astype(np.float64).T
+            scale = np.abs(want).max()
+            for fuse in (True, False):        # a GEMM kernel with an epilogue; a matmul alone
+                out = jg.compile(g, fuse=fuse).run(x=xs, w=ws, b=bs)
+                assert np.abs(out["y"] - want).max() <= tol * scale, (dt, m, n, k, fuse)
+                assert np.abs(out["z"] - np.maximum(want + bs, 0)).max() <= tol * scale, \
+                    (dt, m, n, k, fuse)

@@ -491,4 +491,29 @@ def gemm(ta, tb, alpha, a, b, beta, c):
     restore_threads(was)
 
 
+# ---- B transposed: a small B copied into its transpose first --------------------------------------
+# OpenBLAS runs c = a b^T well below c = a b on these shapes (a weight [N, K] read transposed, K
+# small): stories260K's projections at 108-123 GFLOP/s against 177-186 for the same sizes not
+# transposed. Copying b into its transpose (N*K elements, once per call) and running the
+# untransposed product wins where K is small and c tall (2-core Zen 4, back to back, us, pool /
+# one thread): [2048,8] k 64 52 -> 29 / 50 -> 31, [2048,64] k 8 40 -> 27, [2048,32] k 64 105 ->
+# 78 / 109 -> 80, [2048,64] k 64 105 -> 89 / 192 -> 157, [2048,64] k 172 258 -> 225, [2048,512]
+# k 64 (the output layer) 990 -> 695, [1000,500] k 10 87 -> 73; [2048,172] k 64 290 -> 294.
+# It loses where K is large (MNIST's [100,500] k 784 659 -> 922, [1000,500] k 784 4215 -> 5524,
+# [100,10] k 500 10 -> 16), hence the bounds of lower.transpose_pays: the lowering decides
+# (runtime/cpu/lower.py matmul, fused.gemm) and gives the copy its scratch buffer.
+
+
+@njit(cache=True, nogil=True)
+def gemm_bt(alpha, a, b, beta, c, bt):
+    """c = alpha a b^T + beta c as bt = b^T (bt: [K, N] scratch), then gemm (a, bt)."""
+    n, k = b.shape
+    for kk in range(k):
+        row = bt[kk]
+        for j in range(n):
+            row[j] = b[j, kk]
+    gemm(False, False, alpha, a, bt, beta, c)
+
+
 gemm_f32 = gemm_f64 = gemm      # the names generated kernels import (gemm_<dtype>)
+gemm_bt_f32 = gemm_bt_f64 = gemm_bt

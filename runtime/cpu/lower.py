@@ -284,6 +284,29 @@ def concat(graph, n):
 
 
 # ---- matmul -------------------------------------------------------------------------------
+# c = a b^T with a small B runs faster as B copied into its transpose, then c = a (b^T) (blas.py
+# gemm_bt, with the measurements): where K is small, B small and c tall.
+BT_MAX_K, BT_MAX_ELEMENTS, BT_MIN_M = 256, 1 << 17, 256
+
+
+def transpose_pays(ta, tb, m, n, k) -> bool:
+    """Whether c[m, n] = op(a) b^T (inner dimension k) runs as gemm_bt."""
+    return bool(tb and not ta and 0 < k <= BT_MAX_K and n * k <= BT_MAX_ELEMENTS and
+                m >= BT_MIN_M)
+
+
+def gemm_call(n, ta, tb, xv, wv, out, at=0) -> Call:
+    """The direct GEMM call writing out = op(x) op(w) for matmul node n: gemm_<dtype>, or
+    gemm_bt_<dtype> with w's transpose in scratch space at byte `at` when that pays."""
+    (rows, ncols), ws = out[1], wv[1]
+    k = ws[1] if tb else ws[0]
+    dt = n.type.dtype
+    if transpose_pays(ta, tb, rows, ncols, k):
+        return Call(f"gemm_bt_{dt}", ["1.0", xv, wv, "0.0", out,
+                                      Workspace(k * ncols, dt, (k, ncols), at)])
+    return Call(f"gemm_{dt}", [literal(ta), literal(tb), "1.0", xv, wv, "0.0", out])
+
+
 def matmul(graph, n):
     """2-D (or batched x with a 2-D w folded into rows): one direct GEMM call from the driver;
     otherwise a generated loop over the broadcast batch calling GEMM per matrix."""
@@ -291,10 +314,9 @@ def matmul(graph, n):
     ta, tb = n.attr["ta"], n.attr["tb"]
     gemm = "gemm_" + n.type.dtype
     xs, ws, os_ = x.type.shape, w.type.shape, n.type.shape
-    head = [literal(ta), literal(tb), "1.0"]
     if len(ws) == 2 and (len(xs) == 2 or not ta):
         w, xv, out = matmul_operands(graph, n)
-        return [Call(gemm, [*head, xv, (w.id, ws), "0.0", (n.id, out)])]
+        return [gemm_call(n, ta, tb, xv, (w.id, ws), (n.id, out))]
     ob = os_[:-2]
     nb = _prod(ob)
     lines = [f"for b in range({nb}):"]
