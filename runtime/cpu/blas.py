@@ -150,6 +150,31 @@ _dgemm = _extern("jitgraph_dgemm64", _address("dgemm", types.float64), types.flo
 
 _N, _T = 78, 84   # ord("N"), ord("T")
 
+
+def _external_int64(module, name):
+    """The module's declaration of the int64 at symbol `name` (one per module: a second
+    add_global_variable of the name would be renamed name.1, a symbol nobody defines)."""
+    gv = module.globals.get(name)
+    if gv is None:
+        gv = cgutils.add_global_variable(module, ir.IntType(64), name)
+        gv.linkage = "external"
+    return gv
+
+
+def _setting(symbol, value):
+    """An int64 at `symbol`: (its ctypes cell, an intrinsic reading it). Compiled (and cached)
+    kernels read it from memory at each call, so a change reaches them at once."""
+    cell = ctypes.c_int64(value)
+    llvm.add_symbol(symbol, ctypes.addressof(cell))
+
+    def read(typingctx):
+        def codegen(context, builder, sig, args):
+            return builder.load(_external_int64(builder.module, symbol))
+        return types.int64(), codegen
+    read.__name__ = read.__qualname__ = f"read_{symbol}"
+    return cell, intrinsic(read)
+
+
 # ---- one thread pool: OpenBLAS always on one thread, big GEMMs in bands over numba's pool --------
 # OpenBLAS's own threads sleep between GEMMs (OPENBLAS_THREAD_TIMEOUT), as numba's OpenMP
 # threads did under OMP_WAIT_POLICY=PASSIVE, and on these VMs waking a sleeping thread costs
@@ -162,8 +187,8 @@ _N, _T = 78, 84   # ord("N"), ord("T")
 # c's rows per pool thread (_bands), each band in small-kernel tiles where they pay. Against
 # OpenBLAS's two threads (2-core Zen 4, back to back, us): [2048,64] k 64 135 -> 83, [2048,64]
 # k 172 265 -> 215, [2048,172] k 64 300 -> 253, [1000,10] k 500 152 -> 79, MNIST's [1000,500]
-# k 784 4553 -> 4072; the stories260K LoRA step, three runs each in turns: 47.9 / 49.3 / 56.1 ->
-# 42.9 / 37.2 / 47.1 ms, its CPU time over wall time 1.66 -> 1.99.
+# k 784 4553 -> 4072; the stories260K LoRA step, five runs each in turns: median 48.1 -> 40.9
+# ms, its CPU time over wall time 1.66 -> 1.99.
 # Small GEMMs stay on the calling thread: on a busy machine a band must wait for its thread to
 # be scheduled before the GEMM returns, and that wait dominates: measured on the shared 2-core
 # host under load (load average ~4) with OpenBLAS's own threads, a 64x64 (k 2048) weight
@@ -184,8 +209,7 @@ QUIET_BOUND, BUSY_BOUND = 1 << 22, 1 << 26
 PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 5.0, 0.05, 0.5
 _FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
 SERIAL_MAX_WORK = int(_FIXED or QUIET_BOUND)
-_SERIAL_MAX = ctypes.c_int64(SERIAL_MAX_WORK)
-llvm.add_symbol("jitgraph_blas_serial_max", ctypes.addressof(_SERIAL_MAX))
+_SERIAL_MAX, _serial_max = _setting("jitgraph_blas_serial_max", SERIAL_MAX_WORK)
 _probe = {"auto": not _FIXED, "next": 0.0, "last": None, "hold": 0.0, "waited": False}
 
 
@@ -239,24 +263,6 @@ def adapt(now=time.monotonic) -> None:
     else:
         p["waited"] = False
     p["last"] = (t, delay)
-
-
-def _external_int64(module, name):
-    """The module's declaration of the int64 at symbol `name` (one per module: a second
-    add_global_variable of the name would be renamed name.1, a symbol nobody defines)."""
-    gv = module.globals.get(name)
-    if gv is None:
-        gv = cgutils.add_global_variable(module, ir.IntType(64), name)
-        gv.linkage = "external"
-    return gv
-
-
-@intrinsic
-def _serial_max(typingctx):
-    """The current bound (the int64 at symbol jitgraph_blas_serial_max, read at each call)."""
-    def codegen(context, builder, sig, args):
-        return builder.load(_external_int64(builder.module, "jitgraph_blas_serial_max"))
-    return types.int64(), codegen
 
 
 def _thread_count_functions():
@@ -366,8 +372,8 @@ _SMALL_ENV = os.environ.get("JITGRAPH_BLAS_SMALL_MNK", "").strip()
 if _SMALL_ENV and not _SMALL_ENV.isdigit():
     raise ValueError(f"JITGRAPH_BLAS_SMALL_MNK={_SMALL_ENV!r}: expected a non-negative integer "
                      f"(m*n*k of the largest tile; 0 never cuts a GEMM)")
-_SMALL_MNK = ctypes.c_int64(int(_SMALL_ENV) if _SMALL_ENV else _small_mnk_default())
-llvm.add_symbol("jitgraph_blas_small_mnk", ctypes.addressof(_SMALL_MNK))
+_SMALL_MNK, _small_max = _setting("jitgraph_blas_small_mnk",
+                                  int(_SMALL_ENV) if _SMALL_ENV else _small_mnk_default())
 
 
 def small_mnk() -> int:
@@ -382,33 +388,9 @@ def set_small_mnk(work: int) -> int:
     return was
 
 
-@intrinsic
-def _small_max(typingctx):
-    """The current tile bound (the int64 at symbol jitgraph_blas_small_mnk, read at each call)."""
-    def codegen(context, builder, sig, args):
-        return builder.load(_external_int64(builder.module, "jitgraph_blas_small_mnk"))
-    return types.int64(), codegen
-
-
-# The pool's size: bands per GEMM above the one-thread bound (a symbol like the bounds: numba's
-# thread count is not cacheable in machine code).
-_POOL = ctypes.c_int64(max(1, numba_config.NUMBA_NUM_THREADS))
-llvm.add_symbol("jitgraph_pool_threads", ctypes.addressof(_POOL))
-
-
-def set_pool_threads(n: int) -> int:
-    """Bands per pooled GEMM (threading.configure() sets numba's thread count); returns the
-    previous count."""
-    was = _POOL.value
-    _POOL.value = max(1, int(n))
-    return was
-
-
-@intrinsic
-def _pool_threads(typingctx):
-    def codegen(context, builder, sig, args):
-        return builder.load(_external_int64(builder.module, "jitgraph_pool_threads"))
-    return types.int64(), codegen
+# The pool's size: bands per GEMM above the one-thread bound (numba's thread count, read when
+# numba loaded; not cacheable in machine code, hence a symbol like the bounds).
+_POOL, _pool_threads = _setting("jitgraph_pool_threads", max(1, numba_config.NUMBA_NUM_THREADS))
 
 
 MIN_TILE = 16    # rows (or k) per tile, at least: a 2-row tile of [1000,500] k 784 ran 2x slower
