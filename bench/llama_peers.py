@@ -69,8 +69,8 @@ _threads_from_argv(sys.argv)
 def _import_torch():
     """torch before jitgraph, in the main process only: libgomp reads OMP_WAIT_POLICY once, when
     it loads, and one copy serves the process, so torch keeps its own default here, and jitgraph
-    runs in a worker process of its own (Remote), where jitgraph sets PASSIVE before its pool
-    starts (sharing torch's spinning runtime made jitgraph's 2-thread step 197 ms, not 122)."""
+    runs in a worker process of its own (Remote), whose pool is jitgraph's alone (sharing
+    torch's runtime made jitgraph's 2-thread step 197 ms, not 122, when both pools spun)."""
     if os.environ.get("JITGRAPH_PEERS_WORKER"):
         return None
     try:

@@ -19,7 +19,7 @@ from jitgraph.passes.fuse import rows_flags
 from ..kernelgen import feeding
 from . import rules     # ELEMENTWISE: the CPU spelling of elementwise ops (rules imports us too)
 from .lower import (FMAX_IMPORTS, NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, collapse, literal,
-                    matmul_operands, reduce_pattern, reduction, transpose_pays)
+                    matmul_operands, reduce_pattern, reduction, transposed_weight)
 
 _FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)")
 
@@ -248,15 +248,14 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
         return b.arg(spilled(i, shp), "w") if i in scratch else b.arg((i, shp))
     xa, wa = operand(xv[0], xv[1]), operand(w.id, w.type.shape)
     ca = b.arg(view((rows, ncols)), "c")
-    ta, tb, dt = n.attr["ta"], n.attr["tb"], n.type.dtype
-    k = w.type.shape[1] if tb else w.type.shape[0]
-    if transpose_pays(ta, tb, rows, ncols, k):       # w's transpose after the carrier's bytes
-        bt_at = at if carrier is not None else \
-            at + -(-rows * ncols * n.type.np_dtype.itemsize // 64) * 64
-        wt = b.arg(Workspace(k * ncols, dt, (k, ncols), bt_at), "w")
-        b.lines += [f"gemm_bt_{dt}(1.0, {xa}, {wa}, 0.0, {ca}, {wt})"]
+    dt = n.type.dtype
+    wt = transposed_weight(n, w.type.shape, rows, ncols, at if carrier is not None else
+                           at + -(-rows * ncols * n.type.np_dtype.itemsize // 64) * 64)
+    if wt is not None:                               # w's transpose after the carrier's bytes
+        b.lines += [f"gemm_bt_{dt}(1.0, {xa}, {wa}, 0.0, {ca}, {b.arg(wt, 'w')})"]
     else:
-        b.lines += [f"gemm_{dt}({literal(ta)}, {literal(tb)}, 1.0, {xa}, {wa}, 0.0, {ca})"]
+        b.lines += [f"gemm_{dt}({literal(n.attr['ta'])}, {literal(n.attr['tb'])}, 1.0, {xa}, "
+                    f"{wa}, 0.0, {ca})"]
     cflat = ca if shape == (rows, ncols) else b.arg(view(shape), "c")
     call = elementwise(g, type(kernel)(kernel.id, epi, "elementwise", outs), inlined, b,
                        {n.id: cflat}, spill=spill)

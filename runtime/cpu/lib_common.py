@@ -4,7 +4,9 @@ Every kernel writes into a preallocated `out` and allocates nothing. Kernels tha
 parallel region (`pkernel`) branch on their amount of work: below `PAR_MIN_WORK` scalar operations
 they run the serial loop, because a prange launch costs ~2 us with numba's default OpenMP layer
 but ~60-70 us with OMP_WAIT_POLICY=PASSIVE or the workqueue layer (measured on the 2-core box),
-and the runtime may pick either.
+and the runtime may pick either (PASSIVE was jitgraph's default when PAR_MIN_WORK was set;
+since session 9 libgomp spins a moment after each region, ~2 us a launch, and the bound was
+not re-tuned: rope's prange over 35 us of work still took 66 us).
 """
 from __future__ import annotations
 

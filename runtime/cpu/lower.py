@@ -14,7 +14,9 @@ from ..kernelgen import batch_index
 
 # A kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, where cost
 # is 1 + the number of math calls and divisions in its expression. Measured on the 2-core machine
-# with the default OMP_WAIT_POLICY=PASSIVE (a parallel launch costs ~65 us): a memory-bound f32
+# under OMP_WAIT_POLICY=PASSIVE, jitgraph's default then (a parallel launch costs ~65 us; with
+# libgomp's spinning default since session 9 ~2 us, but rope's prange over 35 us of work still
+# lost, 66 us: not re-tuned): a memory-bound f32
 # add ran serial/parallel 8.5/65 us at 64k elements, 35/65-105 us at 256k, 157/120-220 us at 1M
 # (parallel wins from ~1M); an Adam update (sqrt + division) 57/70 us at 64k, 113/103 us at
 # 128k, 335/231 us at 392k, 903/515 us at 1M (parallel wins from ~128k). Those loops were
@@ -295,16 +297,25 @@ def transpose_pays(ta, tb, m, n, k) -> bool:
                 m >= BT_MIN_M)
 
 
-def gemm_call(n, ta, tb, xv, wv, out, at=0) -> Call:
-    """The direct GEMM call writing out = op(x) op(w) for matmul node n: gemm_<dtype>, or
-    gemm_bt_<dtype> with w's transpose in scratch space at byte `at` when that pays."""
-    (rows, ncols), ws = out[1], wv[1]
+def transposed_weight(n, ws, rows, ncols, at=0):
+    """The scratch buffer for w's transpose (shape ws as stored) when matmul node n, writing
+    c[rows, ncols], runs as gemm_bt (transpose_pays), at byte `at`; else None."""
+    ta, tb = n.attr["ta"], n.attr["tb"]
     k = ws[1] if tb else ws[0]
+    if not transpose_pays(ta, tb, rows, ncols, k):
+        return None
+    return Workspace(k * ncols, n.type.dtype, (k, ncols), at)
+
+
+def gemm_call(n, xv, wv, out) -> Call:
+    """The direct GEMM call writing out = op(x) op(w) for matmul node n: gemm_<dtype>, or
+    gemm_bt_<dtype> with w's transpose in scratch space when that pays."""
     dt = n.type.dtype
-    if transpose_pays(ta, tb, rows, ncols, k):
-        return Call(f"gemm_bt_{dt}", ["1.0", xv, wv, "0.0", out,
-                                      Workspace(k * ncols, dt, (k, ncols), at)])
-    return Call(f"gemm_{dt}", [literal(ta), literal(tb), "1.0", xv, wv, "0.0", out])
+    wt = transposed_weight(n, wv[1], *out[1])
+    if wt is not None:
+        return Call(f"gemm_bt_{dt}", ["1.0", xv, wv, "0.0", out, wt])
+    return Call(f"gemm_{dt}", [literal(n.attr["ta"]), literal(n.attr["tb"]), "1.0", xv, wv,
+                               "0.0", out])
 
 
 def matmul(graph, n):
@@ -316,7 +327,7 @@ def matmul(graph, n):
     xs, ws, os_ = x.type.shape, w.type.shape, n.type.shape
     if len(ws) == 2 and (len(xs) == 2 or not ta):
         w, xv, out = matmul_operands(graph, n)
-        return [gemm_call(n, ta, tb, xv, (w.id, ws), (n.id, out))]
+        return [gemm_call(n, xv, (w.id, ws), (n.id, out))]
     ob = os_[:-2]
     nb = _prod(ob)
     lines = [f"for b in range({nb}):"]
