@@ -113,6 +113,21 @@ def test_parallel_update_kernel_with_large_and_small_domains_matches_interpreter
     assert "prange(420000)" in kernels and "range(600)" in kernels
 
 
+def test_reduction_kept_between_reduced_axes_runs_parallel_and_matches_interpreter():
+    """A channel gradient (a CNN bias: sum over batch and pixels, channels kept) with its fused
+    relu-backward prologue: the kept axis sits between reduced ones, and the kernel runs a
+    prange over it (each iteration owns one channel's sum and its prologue's elements)."""
+    from jitgraph.runtime.cpu.lower import PARALLEL_MIN_WORK
+    g = jg.Graph("chan")
+    x = g.input("x", (40, 8, 1700))
+    b = g.param("b", (8, 1), init=jg.init.normal(0.0, 0.5))
+    g.output(loss=jg.sum(jg.relu(x + b) * x) * (1.0 / x.type.size))
+    assert 40 * 8 * 1700 >= PARALLEL_MIN_WORK
+    prog = train_and_compare(g, jg.optim.SGD(lr=0.5), steps=3)
+    kernels = prog.ir("kernels")
+    assert "for i1 in prange(n1):" in kernels, kernels
+
+
 @pytest.mark.slow
 def test_adamw_mlp_matches_interpreter():
     train_and_compare(mlp(), jg.optim.AdamW(lr=1e-2))
