@@ -294,6 +294,26 @@ def test_fused_slower_than_unfused_is_flagged(monkeypatch, capsys):
     assert "0.80x !" in out and "FUSED SLOWER than unfused: ew_chain (0.80x)" in out
 
 
+@pytest.mark.parametrize("fused_min, flagged", [(0.006, False), (0.009, True)])
+def test_a_loss_in_the_median_only_is_told_apart(monkeypatch, capsys, fused_min, flagged):
+    """Median 0.80x: with the fastest fused step faster than the fastest unfused one (best
+    1.33x) it is marked `?` (noise, run again); with both behind (best 0.89x), a loss."""
+    monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
+    monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.0)
+    monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: [
+        {"median_s": 0.01 if p.fuse else 0.008, "min_s": fused_min if p.fuse else 0.008}
+        for p in progs])
+    assert bench.main(["--only", "ew_chain", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert ("FUSED SLOWER than unfused: ew_chain (0.80x)" in out) == flagged
+    assert ("0.80x !" in out) == flagged and ("0.80x ?" in out) != flagged
+    best = 0.008 / fused_min
+    assert f"{best:.2f}x" in out
+    if not flagged:
+        assert f"median only, faster at best (a busy host? run again): ew_chain (0.80x, best " \
+               f"{best:.2f}x)" in out
+
+
 # ---- the roofline (jitgraph/cli/roofline.py) ---------------------------------------------------
 @pytest.mark.parametrize("fuse", [True, False])
 def test_roofline_rows_are_the_kernels_with_their_costs(fuse):
