@@ -259,6 +259,40 @@ def test_same_bound_under_fastmath_and_generic_names(name, dtype):
     assert err <= BOUND[dtype][name], f"{name} {dtype.__name__}: {err:.2f} ulp at x={at!r}"
 
 
+SCALED = ["exp", "sigmoid", "silu", "softplus", "gelu", "silu_back", "gelu_back"]  # use _ldexp
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", SCALED)
+def test_both_ldexp_codegens_agree(name, dtype, monkeypatch):
+    """_ldexp has two code paths: llvm.ldexp (one vscalef under AVX-512, chosen where numba
+    compiles for it) and integer power-of-two steps (elsewhere). Both are compiled here and
+    must agree bit for bit over the inputs of the bound tests (so the bounds, asserted on this
+    host's path, hold for the other); NaN where the other has NaN."""
+    x, g = _inputs(name, dtype, 1 << 15)
+    fn = getattr(approx, ("f" if dtype == np.float32 else "d") + name)
+    got = {}
+    for native in (True, False):
+        monkeypatch.setattr(approx, "_NATIVE_LDEXP", native)
+        out = np.empty_like(x)
+        _loop(fn, name in BINARY, False)(x, x if g is None else g, out)   # compiled afresh
+        got[native] = out
+    a, b = got[True], got[False]
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    assert same.all(), f"{name}: {int((~same).sum())} differ, e.g. x={x[~same][:3]!r}"
+
+
+def test_native_ldexp_is_one_instruction_on_avx512():
+    """Where the native path is chosen, the vectorised exp loop scales with vscalefps (no libm
+    call, no integer steps); elsewhere it must not be chosen."""
+    loop = _loop(approx.fexp, False, False)
+    x = np.linspace(-100, 90, 64, dtype=np.float32)
+    loop(x, x, np.empty_like(x))
+    asm = "".join(loop.inspect_asm().values())
+    assert ("vscalefps" in asm) == approx._NATIVE_LDEXP
+    assert "ldexp" not in asm           # never a libm call
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_special_values(dtype):
     inf, nan = np.inf, np.nan
