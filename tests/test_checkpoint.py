@@ -33,14 +33,14 @@ def arena_peak(g):
     return ckpt.arena_peak(g, UNFUSED)
 
 
-def mlp(layers=16, width=64, batch=256, dtype="f64", mark_every=0):
+def mlp(layers=16, width=64, batch=256, dtype="f64", mark_every=0, act=jg.relu):
     g = jg.Graph("mlp")
     h = g.input("x", (batch, width), dtype)
     y = g.input("y", (batch,), "i32")
     for i in range(layers):
         w = g.param(f"w{i}", (width, width), dtype, init=jg.init.normal(0, 1.5 / math.sqrt(width)))
         b = g.param(f"b{i}", (width,), dtype, init=jg.init.normal(0, 0.1))
-        h = jg.relu(h @ w + b)
+        h = act(h @ w + b)
         if mark_every and (i + 1) % mark_every == 0:
             h = jg.checkpoint(h)
     g.output(loss=jg.cross_entropy(h, y))
@@ -141,7 +141,9 @@ def test_sqrt_cuts_the_deep_mlp_peak():
     out, rep = checkpoint(g, "sqrt")
     ratio = arena_peak(out) / arena_peak(g)
     print(f"sqrt: peak {arena_peak(out)} / {arena_peak(g)} B = {ratio:.3f}")
-    assert ratio <= 0.40, str(rep)
+    # the unchecked plan keeps one activation a layer (relu's gradient reads its output; with
+    # the pre-activations kept as well: 2.16 MB unchecked, 0.61 MB sqrt, ratio 0.28)
+    assert arena_peak(out) <= 0.48e6 and ratio <= 0.45, str(rep)
     assert rep.stats["peak_ratio"] == pytest.approx(ratio, abs=1e-3)
     # sqrt(n) segments: a few layer outputs kept, about one extra forward pass recomputed
     fwd = 16 * 2 * 256 * 64 * 64                 # the forward GEMMs: layers * 2 * batch * width^2
@@ -149,18 +151,22 @@ def test_sqrt_cuts_the_deep_mlp_peak():
 
 
 def test_sqrt_keeps_the_cuts_an_exhaustive_search_keeps():
-    """deep_mlp's shape (ReLU layers, AdamW, fused kernels): sqrt's arena is the least over
-    every choice of one to four kept pre-activations (up to a sliver of one activation). The
-    even split of the activation bytes stayed a whole activation above it: the cuts kept below
-    a segment are live while it is recomputed, so the lower segments should be the longer."""
+    """deep_mlp's shape (ReLU layers, AdamW, fused kernels): sqrt's arena is within one
+    activation of the least over every choice of one to four kept layer outputs. The even
+    split of the activation bytes stayed further above it: the cuts kept below a segment are
+    live while it is recomputed, so the lower segments should be the longer. (While relu's
+    gradient read its pre-activation, sqrt met the exhaustive least, 29,248 B, to a sliver;
+    reading its output, the unchecked arena halves and sqrt plans 29,376 B where keeping the
+    outputs of layers 3, 5, 7 and 8 reaches 25,536: one activation, 4,096 B, of room left.)"""
     w = WORKLOADS["deep_mlp"](scale=1 / 32, layers=8)
     g = trained(w.graph, w.optimizer)
     _, rep = ckpt.checkpoint(g, "sqrt")
     fw = ckpt._Forward(g, "loss")
-    pre = [i for i in fw.acts if g.nodes[i].op == "add" and i in fw.candidates]
+    pre = [i for i in fw.acts if g.nodes[i].op == "relu" and i in fw.candidates]
+    assert len(pre) == 8
     least = min(ckpt.arena_peak(fw.rebuild(fw.candidates - set(keep))[0])
                 for r in range(1, 5) for keep in itertools.combinations(pre, r))
-    assert rep.stats["peak_after"] <= least + g.nodes[pre[0]].type.nbytes // 8, str(rep)
+    assert rep.stats["peak_after"] <= least + g.nodes[pre[0]].type.nbytes, str(rep)
 
 
 def test_sqrt_lowers_the_transformer_peak():
@@ -180,7 +186,10 @@ def test_feasible_budgets_are_met(fraction):
 
 
 def test_a_budget_that_cheap_recomputation_meets_recomputes_no_matmul():
-    g = trained(mlp(dtype="f32"), optim.SGD(lr=0.1))
+    # silu layers: the backward reads each pre-activation (silu_back) and each output (the next
+    # layer's weight gradient), so recomputing the outputs alone (cheap) saves memory; a relu
+    # layer leaves only its output to the backward, nothing cheap to recompute
+    g = trained(mlp(dtype="f32", act=jg.silu), optim.SGD(lr=0.1))
     sqrt_rep = checkpoint(g, "sqrt")[1]
     assert "matmul" in recomputed_ops(sqrt_rep)
     out, rep = checkpoint(g, "budget:0.6")
@@ -215,9 +224,10 @@ def test_marks_keep_the_marked_values_and_recompute_the_segments():
     marked = [n.inputs[0] for n in g.nodes if n.op == "checkpoint"]
     assert len(marked) == 2
     out, rep = checkpoint(g, "marks")
-    # every layer is recomputed except the two marked relus (the loss reads the last one)
+    # every layer is recomputed except the two marked ones: their relu outputs are kept, and
+    # relu's gradient reads nothing else of them (the loss reads the last one)
     ops = recomputed_ops(rep)
-    assert ops.count("matmul") == 8 and ops.count("add") == 8 and ops.count("relu") == 6, ops
+    assert ops.count("matmul") == 6 and ops.count("add") == 6 and ops.count("relu") == 6, ops
     unmarked, _ = checkpoint(g, None)
     assert arena_peak(out) < 0.7 * arena_peak(unmarked)
 
