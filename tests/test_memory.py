@@ -13,10 +13,9 @@ from hypothesis import given, settings, strategies as st
 
 import jitgraph as jg
 from jitgraph import interp, optim
-from jitgraph.ir import op_kind
 from jitgraph.registry import get_op
 from jitgraph.passes.fuse import group_kernels
-from jitgraph.passes.memory import ALIGN, Slot, plan_memory
+from jitgraph.passes.memory import ALIGN, Slot
 from jitgraph.passes.memory_check import check_plan
 from jitgraph.passes.pipeline import Options, run_pipeline
 from jitgraph.passes.schedule import schedule
