@@ -168,14 +168,13 @@ def _ldexp(typingctx, y, nf):
     def codegen(context, builder, sig, args):
         fy, fn = args
         i32 = ir.IntType(32)
+        n = builder.fptosi(fn, i32)
         if _NATIVE_LDEXP:
-            n = builder.fptosi(fn, i32)
             fnty = ir.FunctionType(fy.type, [fy.type, i32])
             return builder.call(builder.module.declare_intrinsic(
                 "llvm.ldexp", [fy.type, i32], fnty), [fy, n])
         it = i32 if f32 else ir.IntType(64)
         bias, shift = (127, 23) if f32 else (1023, 52)
-        n = builder.fptosi(fn, i32)
         if not f32:
             n = builder.sext(n, it)
         n1 = builder.ashr(n, it(1))

@@ -117,7 +117,7 @@ def generate(kg, plan, name_of) -> Generated:
     """Kernel modules and driver source (LLVM IR) for a KernelGraph and its MemoryPlan."""
     g = kg.graph
     kernels, calls, work = {}, [], 0
-    work_at = -(-plan.arena_bytes // 64) * 64
+    work_at = lower.aligned(plan.arena_bytes)
     drv = _Driver()
 
     def address(a):

@@ -18,8 +18,8 @@ from jitgraph.passes.fuse import rows_flags
 
 from ..kernelgen import feeding
 from . import rules     # ELEMENTWISE: the CPU spelling of elementwise ops (rules imports us too)
-from .lower import (FMAX_IMPORTS, NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, collapse, literal,
-                    matmul_operands, reduce_pattern, reduction, transposed_weight)
+from .lower import (FMAX_IMPORTS, NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, aligned, collapse,
+                    literal, matmul_operands, reduce_pattern, reduction, transposed_weight)
 
 _FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)")
 
@@ -220,7 +220,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     for i in dict.fromkeys(i for m in (n.id, *epi) for i in g.nodes[m].inputs):
         if i in pro and i not in kernel.outputs:
             scratch[i] = at
-            at += -(-g.nodes[i].type.nbytes // 64) * 64
+            at += aligned(g.nodes[i].type.nbytes)
 
     def spilled(i, shp):
         t = g.nodes[i].type
@@ -250,7 +250,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     ca = b.arg(view((rows, ncols)), "c")
     dt = n.type.dtype
     wt = transposed_weight(n, w.type.shape, rows, ncols, at if carrier is not None else
-                           at + -(-rows * ncols * n.type.np_dtype.itemsize // 64) * 64)
+                           at + aligned(rows * ncols * n.type.np_dtype.itemsize))
     if wt is not None:                               # w's transpose after the carrier's bytes
         b.lines += [f"gemm_bt_{dt}(1.0, {xa}, {wa}, 0.0, {ca}, {b.arg(wt, 'w')})"]
     else:

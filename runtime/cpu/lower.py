@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from jitgraph.passes.memory import ALIGN
+
 from ..kernelgen import batch_index
 
 # A kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, where cost
@@ -296,6 +298,12 @@ def concat(graph, n):
 # c = a b^T with a small B runs faster as B copied into its transpose, then c = a (b^T) (blas.py
 # gemm_bt, with the measurements): where K is small, B small and c tall.
 BT_MAX_K, BT_MAX_ELEMENTS, BT_MIN_M = 256, 1 << 17, 256
+
+
+def aligned(nbytes: int) -> int:
+    """nbytes rounded up to the memory plan's slot alignment (a cache line): where scratch
+    buffers placed one after another start."""
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def transpose_pays(ta, tb, m, n, k) -> bool:
