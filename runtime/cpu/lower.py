@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from jitgraph.passes.memory import ALIGN
-
+from ..backend import ALIGN
 from ..kernelgen import batch_index
 
 # A kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, where cost
@@ -301,8 +300,8 @@ BT_MAX_K, BT_MAX_ELEMENTS, BT_MIN_M = 256, 1 << 17, 256
 
 
 def aligned(nbytes: int) -> int:
-    """nbytes rounded up to the memory plan's slot alignment (a cache line): where scratch
-    buffers placed one after another start."""
+    """nbytes rounded up to a cache line (the runtime's ALIGN, as the memory plan's slots):
+    where scratch buffers placed one after another start."""
     return -(-nbytes // ALIGN) * ALIGN
 
 
