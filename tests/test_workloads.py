@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import numpy as np
 import pytest
@@ -175,7 +176,8 @@ class _FakeProgram:
 @pytest.fixture
 def fake_compile(monkeypatch):
     monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
-    monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.02)
+    gemm = types.SimpleNamespace(time=0.01)       # stands for two matmul nodes: 0.02 s
+    monkeypatch.setattr(bench, "gemm_programs", lambda graph: ([gemm], [2]))
     monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: [
         {"median_s": p.time, "min_s": p.time} for p in progs])
 
@@ -187,10 +189,14 @@ def test_gemm_seconds_times_each_distinct_matmul_once_and_counts_every_node(monk
     g.output(y=(x @ w) @ w, z=jg.apply("matmul", x, w, ta=False, tb=True))
     timed = []
     monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: (
-        timed.append(progs[0].graph), [{"median_s": 0.5, "min_s": 0.5}])[1])
-    # three matmul nodes: two alike ([8,6] @ [6,6]) and one with tb: two programs, 3 x 0.5 s
-    assert bench.gemm_seconds(g, repeat=1) == pytest.approx(1.5)
-    assert len(timed) == 2
+        timed.append(progs), [{"median_s": 0.5 + i, "min_s": 0.5} for i in range(len(progs))])[1])
+    # three matmul nodes: two alike ([8,6] @ [6,6]) and one with tb: two programs, in turns
+    assert bench.gemm_seconds(g, repeat=1) == pytest.approx(2 * 0.5 + 1.5)
+    assert len(timed) == 1 and len(timed[0]) == 2
+    progs, counts = bench.gemm_programs(g)
+    assert counts == [2, 1]
+    ins = [[p.graph.nodes[i].type.shape for i in p.graph.nodes[-1].inputs] for p in progs]
+    assert ins == [[(8, 6), (6, 6)], [(8, 6), (6, 6)]]
     assert bench.gemm_seconds(jg.Graph("none"), repeat=1) == 0
 
 
@@ -233,6 +239,15 @@ def test_time_steps_runs_until_each_program_has_min_seconds(monkeypatch):
     never = Prog(0.0)
     res = bench.time_steps([never], {}, repeat=2, warmup=0, block=5, min_seconds=1.0)
     assert res[0]["steps"] == bench.MAX_TURNS * 2
+    # min_for=1: only the first program's seconds count (a GEMM program taking turns with a
+    # step runs as many turns as the step); feeds_of gives each program its own feeds
+    fed = []
+    fast.step = lambda **feeds: (fed.append(feeds), Prog.step(fast))
+    res = bench.time_steps([slow, fast, never], {"x": 1}, repeat=2, warmup=0, block=5,
+                           min_seconds=0.25, feeds_of=[{}, {"x": 1}, {}], min_for=1)
+    # slow needs 9 timed steps (0.27 s): 2, then one block of 5 and one of 5 -> 12
+    assert [r["steps"] for r in res] == [12, 12, 12]
+    assert fed and all(f == {"x": 1} for f in fed)
 
 
 def test_time_steps_takes_turns_in_blocks_after_an_untimed_step():
@@ -286,7 +301,7 @@ def test_failed_workload_is_reported(monkeypatch, capsys):
 
 def test_fused_slower_than_unfused_is_flagged(monkeypatch, capsys):
     monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
-    monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.0)
+    monkeypatch.setattr(bench, "gemm_programs", lambda graph: ([], []))
     monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: [
         {"median_s": 0.01 if p.fuse else 0.008, "min_s": 0.0} for p in progs])
     assert bench.main(["--only", "ew_chain", "--quick"]) == 0
@@ -299,7 +314,7 @@ def test_a_loss_in_the_median_only_is_told_apart(monkeypatch, capsys, fused_min,
     """Median 0.80x: with the fastest fused step faster than the fastest unfused one (best
     1.33x) it is marked `?` (noise, run again); with both behind (best 0.89x), a loss."""
     monkeypatch.setattr(bench, "_compile", lambda w, **options: _FakeProgram(**options))
-    monkeypatch.setattr(bench, "gemm_seconds", lambda graph, repeat, warmup=2: 0.0)
+    monkeypatch.setattr(bench, "gemm_programs", lambda graph: ([], []))
     monkeypatch.setattr(bench, "time_steps", lambda progs, feeds, repeat, warmup, **kw: [
         {"median_s": 0.01 if p.fuse else 0.008, "min_s": fused_min if p.fuse else 0.008}
         for p in progs])

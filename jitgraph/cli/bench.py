@@ -53,7 +53,8 @@ MIN_SECONDS = 0.4   # timed seconds per program at least in a full run (time_ste
 MAX_TURNS = 40      # ... but no more than this many times `repeat` steps
 
 
-def time_steps(progs, feeds, repeat, warmup=2, block=BLOCK, min_seconds=0.0) -> list:
+def time_steps(progs, feeds, repeat, warmup=2, block=BLOCK, min_seconds=0.0, feeds_of=None,
+               min_for=None) -> list:
     """Median and min seconds of `prog.step(**feeds)` for each program, after `warmup` calls.
     The programs take turns, so a change of load on the machine hits all alike; each turn is
     one untimed step, then up to `block` timed ones (block=1: step by step, none untimed).
@@ -63,25 +64,29 @@ def time_steps(progs, feeds, repeat, warmup=2, block=BLOCK, min_seconds=0.0) -> 
     training loop runs one program over and over, with its own data in the caches: the first
     step after another program ran finds the caches full of that program's data instead (on
     the 16 MB workloads, layer_norm_op's fused step took 0.63 ms in a loop of its own and
-    0.94 ms taking turns step by step, its unfused step 0.90 and 1.00 ms)."""
+    0.94 ms taking turns step by step, its unfused step 0.90 and 1.00 ms).
+    `feeds_of[i]`, when given, replaces `feeds` for program i; only the first `min_for`
+    programs (default all) must reach `min_seconds` (the GEMM programs that take turns with a
+    workload's steps are short: they run as many turns as the steps, no more)."""
+    feeds_of = feeds_of or [feeds] * len(progs)
     for _ in range(warmup):
-        for prog in progs:
-            prog.step(**feeds)
+        for prog, fd in zip(progs, feeds_of):
+            prog.step(**fd)
     times = [[] for _ in progs]
 
     def more():
         done = len(times[0])
         if done < repeat:
             return repeat - done
-        short = min(sum(ts) for ts in times) < min_seconds
+        short = min(sum(ts) for ts in times[:min_for]) < min_seconds
         return min(block, MAX_TURNS * repeat - done) if short else 0
     while (n := min(block, more())) > 0:
-        for prog, ts in zip(progs, times):
+        for prog, fd, ts in zip(progs, feeds_of, times):
             if block > 1:
-                prog.step(**feeds)
+                prog.step(**fd)
             for _ in range(n):
                 t0 = time.perf_counter()
-                prog.step(**feeds)
+                prog.step(**fd)
                 ts.append(time.perf_counter() - t0)
     return [{"median_s": statistics.median(ts), "min_s": min(ts), "steps": len(ts)}
             for ts in times]
@@ -132,14 +137,17 @@ def run_suite(names=None, repeat=None, json_path=None, quick=False, out=None) ->
         try:                            # a failure is reported; the other workloads still run
             progs = {tag: _compile(w, fuse=fuse) for tag, fuse in (("unfused", False),
                                                                     ("fused", True))}
-            times = time_steps(list(progs.values()), w.feeds, repeat, warmup,
-                               min_seconds=0.0 if quick else MIN_SECONDS)
+            gemms, counts = gemm_programs(progs["unfused"].graph)
+            times = time_steps(list(progs.values()) + gemms, w.feeds, repeat, warmup,
+                               min_seconds=0.0 if quick else MIN_SECONDS,
+                               feeds_of=[w.feeds] * len(progs) + [{}] * len(gemms),
+                               min_for=len(progs))
             for (tag, prog), t in zip(progs.items(), times):
                 row[tag] = {**_stats(prog), **t}
             row["ratio"] = row["unfused"]["median_s"] / row["fused"]["median_s"]
             if row["unfused"]["min_s"] > 0 and row["fused"]["min_s"] > 0:
                 row["ratio_min"] = row["unfused"]["min_s"] / row["fused"]["min_s"]
-            gemm = gemm_seconds(progs["unfused"].graph, repeat, warmup)
+            gemm = sum(c * t["median_s"] for c, t in zip(counts, times[len(progs):]))
             if gemm:
                 row["gemm_s"] = gemm
                 row["ratio_bound"] = row["unfused"]["median_s"] / gemm
@@ -152,28 +160,40 @@ def run_suite(names=None, repeat=None, json_path=None, quick=False, out=None) ->
     return rows
 
 
-def gemm_seconds(graph, repeat, warmup=2) -> float:
-    """Seconds of the matmuls of `graph` alone: each distinct matmul (shapes, dtype,
-    transpose flags) compiled by itself on random data and timed like a step, its median
-    counted once per node. Fusion leaves GEMM work as it is, so no fused program runs faster
-    than this, and unfused / this bounds the ratio fusion can reach (`ratio_bound`)."""
+def gemm_programs(graph) -> tuple:
+    """([program], [count]): one program for each distinct matmul of `graph` (shapes, dtype,
+    transpose flags), compiled by itself on random data, and how many of the graph's nodes it
+    stands for. Timed like a step (each in a loop of its own, its operands in the caches), the
+    sum of count x median is the time of the graph's GEMMs alone. Fusion leaves GEMM work as it
+    is, so no fused program runs faster than this, and unfused / this bounds the ratio fusion
+    can reach (`ratio_bound`). run_suite times these programs in turns with the workload's
+    steps, so a change of load on the machine hits both alike (timed on their own after the
+    steps, the MNIST MLP's step / GEMMs read 0.95x-1.31x from run to run)."""
     import jitgraph as jg
     from jitgraph import init
-    medians, total = {}, 0.0
+    progs, counts = {}, {}
     for n in graph.nodes:
         if n.op != "matmul":
             continue
         a, b = (graph.nodes[i].type for i in n.inputs)
         key = (a.shape, b.shape, a.dtype, n.attrs)
-        if key not in medians:
+        if key not in progs:
             g = jg.Graph("gemm")
             pa = g.param("a", a.shape, a.dtype, init=init.normal(), trainable=False)
             pb = g.param("b", b.shape, b.dtype, init=init.normal(), trainable=False)
             g.output(out=jg.apply("matmul", pa, pb, **dict(n.attrs)))
-            prog = jg.compile(g, fuse=False, copy_outputs=False)
-            medians[key] = time_steps([prog], {}, repeat, warmup)[0]["median_s"]
-        total += medians[key]
-    return total
+            progs[key] = jg.compile(g, fuse=False, copy_outputs=False)
+        counts[key] = counts.get(key, 0) + 1
+    return list(progs.values()), [counts[k] for k in progs]
+
+
+def gemm_seconds(graph, repeat, warmup=2) -> float:
+    """Seconds of the matmuls of `graph` alone (gemm_programs), timed on their own."""
+    progs, counts = gemm_programs(graph)
+    if not progs:
+        return 0.0
+    times = time_steps(progs, {}, repeat, warmup)
+    return sum(c * t["median_s"] for c, t in zip(counts, times))
 
 
 def _curve_point(w, policy, fraction=None, **info):
