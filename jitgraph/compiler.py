@@ -53,7 +53,8 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
         raise TypeError(f"compile: hook must be a callable hook(gradients), got "
                         f"{type(hook).__name__}")
     opts = Options(loss=loss, optimizer=optimizer, fuse=fuse, plan_memory=plan_memory,
-                   checkpoint=checkpoint, check_finite=check_finite, boundary=hook is not None)
+                   checkpoint=checkpoint, check_finite=check_finite, boundary=hook is not None,
+                   kinds=backend.kinds)
     persist = None
     if share is not None:
         opts.param_slots, persist = _shared_params(graph, share, optimizer)
@@ -106,6 +107,8 @@ def build(source, options, backend):
         from .passes.memory_check import check_plan
         check_plan(st.kernels, st.memory)
     kinds = {k.kind for k in st.kernels.kernels} - backend.kinds
+    if any(k.accumulate for k in st.kernels.kernels) and "gemm_accumulate" not in backend.kinds:
+        kinds.add("gemm_accumulate")
     if kinds:
         raise NotImplementedError(f"compile: the {backend.name} backend lowers no "
                                   f"{', '.join(sorted(kinds))} kernels; compile with fuse=False")

@@ -148,6 +148,8 @@ FUSION_ROLES = {
     "epilogue": "elementwise nodes over its result can run inside its kernel",
     "constant": "one value and no operands: inlined as a literal into the kernels reading it",
     "update": "part of the optimizer update: the update ops share one kernel",
+    "accumulate": "a sum of its two operands: when both are GEMM products read by nothing "
+                  "else, the second is accumulated into the first's output (beta = 1)",
 }
 
 

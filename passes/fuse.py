@@ -16,7 +16,13 @@ fusion roles it takes, never its name):
                and preceded by the elementwise group computing an operand (a prologue,
                e.g. relu(x) @ w or x @ (w * mask)) when nothing but the GEMM reads that
                group's values: the prologue writes the operand once into scratch space
-               and the GEMM reads it there (BLAS needs it in memory), one kernel for two
+               and the GEMM reads it there (BLAS needs it in memory), one kernel for two;
+               and (`accumulate`, where the backend lowers it: "gemm_accumulate" in its
+               kinds) further 2-D matmuls summed into the product, a @ b + c @ d, when
+               nothing else reads either product: the second GEMM adds into the first's
+               output (beta = 1) instead of writing its own for the epilogue to read
+               (a LoRA projection's W x + B (A x), and every input gradient that sums the
+               products of several weights: x feeding q, k and v)
   rows         an op of kind rows over the last axis (softmax, log_softmax, rms_norm,
                layer_norm and their *_back ops) with an elementwise prologue on its operands
                and an elementwise epilogue on its result, all of the same shape
@@ -60,6 +66,7 @@ class Kernel:
     kind: str = "node"
     outputs: tuple = ()
     anchor: int | None = None
+    accumulate: tuple = ()  # gemm: ((matmul, add), ...): each product added into the output
 
     @property
     def root(self) -> int:
@@ -111,6 +118,8 @@ class KernelGraph:
             members = ", ".join(f"%{i} {g.nodes[i].op}" for i in k.nodes)
             outs = ", ".join(g.label(i) for i in k.outputs)
             kind = "" if k.kind == "node" else f" [{k.kind}] -> {outs}"
+            if k.accumulate:
+                kind += " (accumulate " + ", ".join(f"%{m}" for m, _ in k.accumulate) + ")"
             lines.append(f"  k{k.id}: {members} : {g.nodes[k.root].type}{kind}")
         if self.boundary is not None:
             lines.insert(self.boundary + 1, f"  -- update boundary: phase 1 above ({self.boundary} "
@@ -155,8 +164,9 @@ def rows_flags(shape, operand) -> tuple | None:
 class _Grouping:
     """Greedy grouping state: groups of node ids, each with a kind, domain and anchor."""
 
-    def __init__(self, graph, live):
+    def __init__(self, graph, live, accumulate=False):
         self.g, self.live, self.forward = graph, live, forward_nodes(graph)
+        self.accumulate = accumulate    # the backend lowers gemm groups with accumulated GEMMs
         self.users = {i: [u for u in us if u in live] for i, us in graph.users().items()}
         self.kept = set(graph.outputs.values()) | set(graph.updates.values())   # read after
         self.phase2 = phase_two(graph, live)     # update boundary: never fused with phase 1
@@ -208,6 +218,7 @@ class _Grouping:
         if not self.convex(members):
             return False
         pro = set().union(*(self.groups[gid].get("prologue", ()) for gid in gids))
+        acc = tuple(a for gid in gids for a in self.groups[gid].get("accumulate", ()))
         for gid in gids:
             del self.groups[gid]
         self.new(nid, kind, domain, anchor)
@@ -215,6 +226,8 @@ class _Grouping:
         self.groups[gid]["members"] = members
         if pro:
             self.groups[gid]["prologue"] = pro
+        if acc:
+            self.groups[gid]["accumulate"] = acc
         for m in members:
             self.group_of[m] = gid
         return True
@@ -230,8 +243,38 @@ def _rows_ok(grouping, members, domain):
     return True
 
 
+def _product(gr, gid):
+    """The value a gemm group's GEMMs leave in its output: the anchor's product, or the last
+    sum it accumulated into it."""
+    grp = gr.groups[gid]
+    return grp["accumulate"][-1][1] if grp.get("accumulate") else grp["anchor"]
+
+
+def _accumulate(gr, n) -> bool:
+    """n = P + m: P the product of a gemm group, m a direct GEMM alone in its group (no
+    prologue), both read by n only, all three of one type: m joins P's group, accumulated
+    into its output (beta = 1), and n is the group's product."""
+    g = gr.g
+    if not gr.accumulate or "accumulate" not in roles(g, n.id) or len(set(n.inputs)) != 2:
+        return False
+    for p, m in (n.inputs, n.inputs[::-1]):
+        gp, gm = gr.group_of.get(p), gr.group_of.get(m)
+        if gp is None or gm is None or gp == gm or gr.groups[gp]["kind"] != "gemm" or                 _product(gr, gp) != p or gr.groups[gm]["kind"] != "gemm" or                 gr.groups[gm]["members"] != [m] or not is_direct_gemm(g, g.nodes[m]):
+            continue
+        if gr.users[p] != [n.id] or gr.users[m] != [n.id] or {p, m} & gr.kept or                 not g.nodes[p].type == g.nodes[m].type == n.type or                 set(g.nodes[m].inputs) & set(gr.groups[gp]["members"]) or                 n.id not in gr.forward and any(x in gr.forward for x in
+                                               gr.groups[gp]["members"] + [m]):
+            continue
+        acc = gr.groups[gp].get("accumulate", ()) + ((m, n.id),)
+        if gr.merge(n.id, [gp, gm], "gemm", n.type.shape, gr.groups[gp]["anchor"]):
+            gr.groups[gr.group_of[n.id]]["accumulate"] = acc
+            return True
+    return False
+
+
 def _join_elementwise(gr, n):
     """Put elementwise node n into an operand's group of the same domain, or a new group."""
+    if _accumulate(gr, n):
+        return
     shape = n.type.shape
     cands = [gid for gid in gr.producers(n.id) if gr.groups[gid]["domain"] == shape and (
         gr.groups[gid]["kind"] == "elementwise" or gr.groups[gid]["anchor"] is not None and
@@ -333,8 +376,8 @@ def _merge_updates(gr):
             gr.merge(last, part, "elementwise", domain, None)
 
 
-def _group_fused(graph, live):
-    gr = _Grouping(graph, live)
+def _group_fused(graph, live, accumulate=False):
+    gr = _Grouping(graph, live, accumulate)
     consts = []
     for n in graph.nodes:
         if n.id not in live:
@@ -363,7 +406,7 @@ def _group_fused(graph, live):
         readers = gr.users[c]
         if c in gr.kept or any(gr.group_of.get(u) is None or
                               gr.groups[gr.group_of[u]]["kind"] == "node" or
-                              gr.groups[gr.group_of[u]]["anchor"] == u and
+                              op_kind(graph.nodes[u].op) == "contraction" and
                               gr.groups[gr.group_of[u]]["kind"] == "gemm" for u in readers):
             gr.new(c, "node", graph.nodes[c].type.shape)
         else:
@@ -400,8 +443,9 @@ def _outputs(gr, members, gid):
                  if m in gr.kept or any(gr.group_of.get(u) != gid for u in gr.users[m]))
 
 
-def group_kernels(graph, fuse: bool = True):
-    """Group the live computing nodes into kernels. Returns (KernelGraph, Report)."""
+def group_kernels(graph, fuse: bool = True, kinds=None):
+    """Group the live computing nodes into kernels. Returns (KernelGraph, Report). `kinds`:
+    what the target backend lowers (runtime/backend.py; None: everything this pass forms)."""
     live = live_nodes(graph)
     phase2 = phase_two(graph, live)
     if not fuse:
@@ -412,7 +456,7 @@ def group_kernels(graph, fuse: bool = True):
                                  enumerate(kernels)], live)
         inlined = frozenset()
     else:
-        gr, inlined = _group_fused(graph, live)
+        gr, inlined = _group_fused(graph, live, kinds is None or "gemm_accumulate" in kinds)
         kernels = []
         for gid in _order(gr):
             grp = gr.groups[gid]
@@ -420,7 +464,8 @@ def group_kernels(graph, fuse: bool = True):
             outs = _outputs(gr, members, gid)
             kind = grp["kind"] if len(members) > 1 or grp["kind"] in ("rows", "elementwise") \
                 else "node"
-            kernels.append(Kernel(len(kernels), members, kind, outs, grp["anchor"]))
+            kernels.append(Kernel(len(kernels), members, kind, outs, grp["anchor"],
+                                  grp.get("accumulate", ())))
         kg = KernelGraph(graph, kernels, live, inlined)
     if phase2 or boundary_values(graph):
         kg.boundary = sum(k.root not in phase2 for k in kg.kernels)

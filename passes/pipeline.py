@@ -55,6 +55,7 @@ class Options:
     check_finite: bool = False        # guard: a step with a non-finite value changes nothing
     boundary: bool = False            # update boundary: gradients, hook, update (boundary.py)
     param_slots: dict | None = None   # internal: place params in another program's region
+    kinds: frozenset | None = None    # the kernel kinds the target lowers (fuse; None: all)
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _checkpoint(st):
 
 
 def _fuse(st):
-    st.kernels, rep = group_kernels(st.graph, fuse=st.options.fuse)
+    st.kernels, rep = group_kernels(st.graph, fuse=st.options.fuse, kinds=st.options.kinds)
     return rep
 
 

@@ -5,7 +5,10 @@ the target's backend; runtime/executor.py's Program runs what the backend built.
 (runtime/cuda) is one more class with these members in BACKENDS, and no change to passes/:
 
   kinds         what it can fuse: the kernel kinds of passes/fuse.py it lowers, "node" (one op
-                alone) and the fused kinds; the compiler refuses a kernel graph with another.
+                alone) and the fused kinds, and "gemm_accumulate" when its gemm kernels take
+                further products accumulated into the output (Kernel.accumulate); the pipeline
+                forms only those (Options.kinds) and the compiler refuses a kernel graph with
+                another.
   generate(kernels, plan) -> (module, source)
                 lowering: every kernel of the KernelGraph, in order, reading and writing values
                 where the MemoryPlan puts them (a region and offset; inputs and outputs through
@@ -73,7 +76,8 @@ class CPU:
     """numba on the host (runtime/cpu): C-callable kernels, and per program one driver in LLVM IR
     calling them (compiled by llvmlite)."""
     name = "cpu"
-    kinds = frozenset(("node", "elementwise", "gemm", "rows", "reduce", "cross_entropy"))
+    kinds = frozenset(("node", "elementwise", "gemm", "gemm_accumulate", "rows", "reduce",
+                       "cross_entropy"))
 
     def __init__(self):
         from .cpu.threading import configure

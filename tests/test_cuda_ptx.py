@@ -39,7 +39,8 @@ def generated(graph, **opts):
     real GPU's launch configuration), without a device."""
     from jitgraph.passes.pipeline import Options, run_pipeline
     from jitgraph.runtime.cuda import codegen
-    st = run_pipeline(graph, Options(**opts))
+    from jitgraph.runtime.cuda.backend import KINDS
+    st = run_pipeline(graph, Options(kinds=KINDS, **opts))
     gen = codegen.generate(st.kernels, st.memory, tpb=256, tile=16)
     gen.kinds = {}       # kernel -> (fused kind, op of its root) of the KernelGraph kernel it runs
     for ln in gen.launches:

@@ -7,7 +7,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph.ops import apply
-from jitgraph.passes.fuse import group_kernels, rows_flags
+from jitgraph.passes.fuse import rows_flags
 from jitgraph.passes.pipeline import Options, run_pipeline
 from jitgraph.runtime.cpu.lower import PARALLEL_MIN_WORK
 
@@ -235,6 +235,60 @@ def test_gemm_epilogue_never_overwrites_an_operand():
     h = x @ w + jg.sqr(x)
     g.output(out=jg.relu(h @ w + h))
     check(g, min_fused=1)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_gemm_accumulates_a_second_product(dt):
+    """a @ b + c @ d with neither product read elsewhere: one gemm kernel whose second GEMM adds
+    into the first's output (beta = 1), with transposes, batched rows, a chain of three
+    products, an epilogue after the sum, none, and the sum read outside; a product read twice
+    (p) or a sum in a GEMM's epilogue (e) is no accumulation."""
+    g = jg.Graph(f"acc_{dt}")
+    x, x2, z = g.input("x", (9, 17), dt), g.input("x2", (9, 17), dt), g.input("z", (9, 5), dt)
+    w, v, u = g.input("w", (17, 23), dt), g.input("v", (23, 5), dt), g.input("u", (9, 23), dt)
+    xb, zb = g.input("xb", (2, 3, 17), dt), g.input("zb", (2, 3, 5), dt)
+    b = g.input("b", (23,), dt)
+    p = jg.sqr(z) @ v.T
+    g.output(lora=jg.relu(x @ w + jg.matmul(z, v, tb=True)),
+             bare=jg.matmul(u, x, ta=True) + jg.matmul(u, x2, ta=True),
+             chain=(x2 @ w + (z * 2.0) @ v.T) + (x * 3.0) @ w,
+             batched=jg.tanh(xb @ w + zb @ v.T),
+             p=p + (x * 0.5) @ w + p, e=(x2 @ (w * 2.0) + b) + (z - 1.0) @ v.T)
+    prog = check(g, min_fused=4)
+    kg = prog._products.kernels
+    accs = [k for k in kg.kernels if k.accumulate]
+    assert len(accs) >= 4, prog.ir("fuse")
+    for k in accs:
+        assert k.kind == "gemm" and k.anchor not in [m for m, _ in k.accumulate]
+        assert all(kg.graph.nodes[m].op == "matmul" and kg.graph.nodes[a].op == "add"
+                   for m, a in k.accumulate)
+    assert "accumulate" in prog.ir("fuse")
+
+
+def test_gemm_accumulation_in_training_matches_the_interpreter():
+    """x read by two weights: its gradient is the sum of two products (dx = g1 w1^T + g2 w2^T),
+    accumulated in one kernel; a LoRA-style forward W x + B (A x) likewise."""
+    g = jg.Graph("acc_train")
+    x, y = g.input("x", (16, 12)), g.input("y", (16,), "i32")
+    w1 = g.param("w1", (12, 10), init=jg.init.he_normal())
+    w2 = g.param("w2", (12, 10), init=jg.init.he_normal())
+    a = g.param("a", (12, 3), init=jg.init.he_normal())
+    bb = g.param("bb", (3, 6), init=jg.init.he_normal())
+    w3 = g.param("w3", (10, 6), init=jg.init.he_normal())
+    h = jg.tanh(x @ w1) * jg.sigmoid(x @ w2)
+    g.output(loss=jg.cross_entropy(h @ w3 + (h @ jg.matmul(w1, a, ta=True)) @ bb, y))
+    prog = train_compare(g, jg.optim.AdamW(lr=1e-2, weight_decay=0.1))
+    assert sum(len(k.accumulate) for k in prog._products.kernels.kernels) >= 2, prog.ir("fuse")
+
+
+def test_gemm_accumulation_only_where_the_backend_lowers_it():
+    g = jg.Graph("acc_kinds")
+    x, z = g.input("x", (9, 17)), g.input("z", (9, 5))
+    w, v = g.input("w", (17, 23)), g.input("v", (5, 23))
+    g.output(y=x @ w + z @ v)
+    assert any(k.accumulate for k in kernel_graph(g).kernels)
+    kinds = frozenset(("node", "elementwise", "gemm"))
+    assert not any(k.accumulate for k in kernel_graph(g, kinds=kinds).kernels)
 
 
 @pytest.mark.parametrize("labels", [True, False])

@@ -367,9 +367,11 @@ def test_transformer_block_target(fuse):
     naive = m.naive_bytes + sum(-(-s.nbytes // ALIGN) * ALIGN for s in m.inputs.values())
     # issue 6 asked for <= 0.4 x naive when attention was composed from primitives (fused: 35.9
     # of 90.2 MB); as one op (ops/attention.py) its S x S intermediates are gone from both
-    # plans (naive 67.9 MB, arena 33.8 MB): the arena must stay at its lower bound and halve
-    # the naive plan
-    assert m.arena_bytes <= 0.5 * naive
+    # plans (naive 67.9 MB, arena 33.8 MB): the arena must stay at its lower bound and about
+    # halve the naive plan. GEMMs accumulated into one output (passes/fuse.py) leave the
+    # products they sum out of memory: naive 64.5 MB, the arena still 33.8 (its lower bound:
+    # those products were never live at the peak)
+    assert m.arena_bytes <= 0.53 * naive
     assert m.arena_bytes <= 1.02 * m.lower_bound
 
 

@@ -22,8 +22,8 @@ def _unary(name, ref, expr, vjp=None, float_only=True, attrs=None, doc=""):
              infer=lambda args, a: elementwise_type(args, a, float_only), doc=doc)
 
 
-def _binary(name, ref, expr, vjp=None, float_only=True, doc=""):
-    register(name, arity=2, kind="elementwise", expr=expr, ref=ref, vjp=vjp,
+def _binary(name, ref, expr, vjp=None, float_only=True, doc="", fusion=()):
+    register(name, arity=2, kind="elementwise", expr=expr, ref=ref, vjp=vjp, fusion=fusion,
              infer=lambda args, a: elementwise_type(args, a, float_only), doc=doc)
 
 
@@ -38,7 +38,7 @@ register("full", arity=0, kind="elementwise", expr="{value}", fusion=("constant"
          ref=lambda a: np.full(a["shape"], a["value"], dtype=TensorType(a["dtype"], ()).np_dtype))
 
 # ---- arithmetic --------------------------------------------------------------------------
-_binary("add", lambda a, x, y: x + y, "{0} + {1}", float_only=False,
+_binary("add", lambda a, x, y: x + y, "{0} + {1}", float_only=False, fusion=("accumulate",),
         vjp=lambda g, out, xs, a: [unbroadcast(g, xs[0].shape), unbroadcast(g, xs[1].shape)])
 _binary("sub", lambda a, x, y: x - y, "{0} - {1}", float_only=False,
         vjp=lambda g, out, xs, a: [unbroadcast(g, xs[0].shape), unbroadcast(-g, xs[1].shape)])

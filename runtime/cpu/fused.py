@@ -208,13 +208,16 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     """A prologue (the members the GEMM reads) computes operands, and the values the epilogue
     reads, into scratch space (or their own buffers when read outside too); the GEMM writes
     into a carrier buffer (the product's own output buffer when it shares no bytes with an
-    operand, else scratch space after the prologue's), then the epilogue runs over it while
-    it is hot."""
+    operand, else scratch space after the prologue's), the accumulated GEMMs
+    (kernel.accumulate: `add(product, matmul)`, in order) add theirs into it (beta = 1), then
+    the epilogue runs over it while it is hot."""
     n = g.nodes[kernel.anchor]
     w, xv, (rows, ncols) = matmul_operands(g, n)
     ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
     pro = feeding(g, n.id, kernel.nodes)
-    epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro)
+    acc = {x for pair in kernel.accumulate for x in pair}
+    prod = kernel.accumulate[-1][1] if kernel.accumulate else n.id   # what the GEMMs leave
+    epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro and m not in acc)
     b = Builder(g, inlined, slot_of)
     scratch, at = {}, 0            # prologue value read after the prologue -> scratch offset
     for i in dict.fromkeys(i for m in (n.id, *epi) for i in g.nodes[m].inputs):
@@ -234,11 +237,11 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     # The product goes into its own output buffer when it is one, else into scratch space: the
     # epilogue then reads one buffer and writes others. Writing it into an epilogue output and
     # updating that in place was no faster (MLP step at batch 1000: +0.05 ms).
-    carrier = n.id if n.id in kernel.outputs and \
-        not any(_overlap(slot_of(n.id), s) for s in ins) else None
-    outs = tuple(m for m in kernel.outputs if (m != n.id or carrier != n.id) and m not in pro)
+    carrier = prod if prod in kernel.outputs and \
+        not any(_overlap(slot_of(prod), s) for s in ins) else None
+    outs = tuple(m for m in kernel.outputs if (m != prod or carrier != prod) and m not in pro)
     shape, _ = collapse(n.type.shape, [g.nodes[i].type.shape for i in externals(g, epi, b.vals)
-                                       if i != n.id])
+                                       if i != prod])
 
     def view(shp):
         return (carrier, shp) if carrier is not None else \
@@ -256,9 +259,20 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     else:
         b.lines += [f"gemm_{dt}({literal(n.attr['ta'])}, {literal(n.attr['tb'])}, 1.0, {xa}, "
                     f"{wa}, 0.0, {ca})"]
+    for m, _ in kernel.accumulate:
+        mn = g.nodes[m]
+        w2, xv2, dims = matmul_operands(g, mn)
+        assert dims == (rows, ncols), (kernel, m, dims)
+        b.lines += [f"gemm_{dt}({literal(mn.attr['ta'])}, {literal(mn.attr['tb'])}, 1.0, "
+                    f"{operand(xv2[0], xv2[1])}, {operand(w2.id, w2.type.shape)}, 1.0, {ca})"]
     cflat = ca if shape == (rows, ncols) else b.arg(view(shape), "c")
+    if not epi and prod in outs:       # nothing after the GEMMs, and the product in scratch
+        size = rows * ncols
+        src, dst = b.arg(view((size,)), "c"), b.arg((prod, (size,)), "o")
+        b.lines += [f"for i0 in prange({size}):", f"    {dst}[i0] = {src}[i0]"]
+        outs = tuple(m for m in outs if m != prod)
     call = elementwise(g, type(kernel)(kernel.id, epi, "elementwise", outs), inlined, b,
-                       {n.id: cflat}, spill=spill)
+                       {prod: cflat}, spill=spill)
     call.imports = (f"from jitgraph.runtime.cpu.blas import gemm_{dt}, gemm_bt_{dt}",)
     return call
 

@@ -389,6 +389,9 @@ def gemm_kernel(ctx, kernel, note) -> list:
     no operand (else scratch), then the epilogue over it."""
     g = ctx.g
     n = g.nodes[kernel.anchor]
+    if kernel.accumulate:     # not in this backend's kinds: the pipeline forms none for it
+        raise ctx.unsupported(g.nodes[kernel.accumulate[0][0]], " as a GEMM accumulated into "
+                              "another's output (gemm_accumulate)")
     pro = feeding(g, n.id, kernel.nodes)
     epi = [m for m in kernel.nodes if m != n.id and m not in pro]
     launches, at = [], 0
