@@ -259,13 +259,20 @@ def _accumulate(gr, n) -> bool:
         return False
     for p, m in (n.inputs, n.inputs[::-1]):
         gp, gm = gr.group_of.get(p), gr.group_of.get(m)
-        if gp is None or gm is None or gp == gm or gr.groups[gp]["kind"] != "gemm" or                 _product(gr, gp) != p or gr.groups[gm]["kind"] != "gemm" or                 gr.groups[gm]["members"] != [m] or not is_direct_gemm(g, g.nodes[m]):
+        if gp is None or gm is None or gp == gm:
             continue
-        if gr.users[p] != [n.id] or gr.users[m] != [n.id] or {p, m} & gr.kept or                 not g.nodes[p].type == g.nodes[m].type == n.type or                 set(g.nodes[m].inputs) & set(gr.groups[gp]["members"]) or                 n.id not in gr.forward and any(x in gr.forward for x in
-                                               gr.groups[gp]["members"] + [m]):
+        host, lone = gr.groups[gp], gr.groups[gm]
+        if host["kind"] != "gemm" or _product(gr, gp) != p or lone["kind"] != "gemm" or \
+                lone["members"] != [m] or not is_direct_gemm(g, g.nodes[m]):
             continue
-        acc = gr.groups[gp].get("accumulate", ()) + ((m, n.id),)
-        if gr.merge(n.id, [gp, gm], "gemm", n.type.shape, gr.groups[gp]["anchor"]):
+        if gr.users[p] != [n.id] or gr.users[m] != [n.id] or {p, m} & gr.kept or \
+                not g.nodes[p].type == g.nodes[m].type == n.type or \
+                set(g.nodes[m].inputs) & set(host["members"]):
+            continue
+        if n.id not in gr.forward and any(x in gr.forward for x in host["members"] + [m]):
+            continue                    # a backward sum never joins a forward kernel
+        acc = host.get("accumulate", ()) + ((m, n.id),)
+        if gr.merge(n.id, [gp, gm], "gemm", n.type.shape, host["anchor"]):
             gr.groups[gr.group_of[n.id]]["accumulate"] = acc
             return True
     return False
