@@ -106,9 +106,7 @@ def build(source, options, backend):
     if os.environ.get("JITGRAPH_CHECK_PLANS") == "1":
         from .passes.memory_check import check_plan
         check_plan(st.kernels, st.memory)
-    kinds = {k.kind for k in st.kernels.kernels} - backend.kinds
-    if any(k.accumulate for k in st.kernels.kernels) and "gemm_accumulate" not in backend.kinds:
-        kinds.add("gemm_accumulate")
+    kinds = set().union(*(k.needs for k in st.kernels.kernels)) - backend.kinds
     if kinds:
         raise NotImplementedError(f"compile: the {backend.name} backend lowers no "
                                   f"{', '.join(sorted(kinds))} kernels; compile with fuse=False")

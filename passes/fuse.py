@@ -57,6 +57,9 @@ from .boundary import boundary_values, phase_two
 from .report import Report
 
 
+ACCUMULATE = "gemm_accumulate"   # the backend kind of gemm kernels with Kernel.accumulate
+
+
 @dataclass(frozen=True)
 class Kernel:
     """A group of nodes lowered to one kernel; `nodes` in execution order, the last is the root.
@@ -71,6 +74,17 @@ class Kernel:
     @property
     def root(self) -> int:
         return self.nodes[-1]
+
+    @property
+    def product(self) -> int | None:
+        """gemm: the value its GEMMs leave in the output (the anchor's product, or the last
+        sum accumulated into it), which the epilogue reads."""
+        return self.accumulate[-1][1] if self.accumulate else self.anchor
+
+    @property
+    def needs(self) -> frozenset:
+        """The backend kinds lowering this kernel takes (runtime/backend.py `kinds`)."""
+        return frozenset((self.kind, ACCUMULATE) if self.accumulate else (self.kind,))
 
 
 @dataclass
@@ -263,7 +277,7 @@ def _accumulate(gr, n) -> bool:
             continue
         host, lone = gr.groups[gp], gr.groups[gm]
         if host["kind"] != "gemm" or _product(gr, gp) != p or lone["kind"] != "gemm" or \
-                lone["members"] != [m] or not is_direct_gemm(g, g.nodes[m]):
+                lone["members"] != [m]:          # a gemm group of one: a direct GEMM
             continue
         if gr.users[p] != [n.id] or gr.users[m] != [n.id] or {p, m} & gr.kept or \
                 not g.nodes[p].type == g.nodes[m].type == n.type or \
@@ -463,7 +477,7 @@ def group_kernels(graph, fuse: bool = True, kinds=None):
                                  enumerate(kernels)], live)
         inlined = frozenset()
     else:
-        gr, inlined = _group_fused(graph, live, kinds is None or "gemm_accumulate" in kinds)
+        gr, inlined = _group_fused(graph, live, kinds is None or ACCUMULATE in kinds)
         kernels = []
         for gid in _order(gr):
             grp = gr.groups[gid]

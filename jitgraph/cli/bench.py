@@ -5,8 +5,9 @@ Each workload is compiled once per configuration; every program runs `warmup` st
 the programs take turns (an untimed step, then up to 5 timed ones; `time_steps`) until each has
 run `repeat` timed steps (time.perf_counter) and, in a full run, 0.4 s of them, and the median
 is reported (the JSON has the minimum and the step count too). For workloads with matmuls the
-table also gives the time of their GEMMs alone ("gemm ms", `gemm_seconds`) and the ratio it
-allows at best ("bound": unfused / gemm time): fusion cannot make a step faster than its GEMMs.
+table also gives the time of their GEMMs alone ("gemm ms", `gemm_programs`, timed in the same
+turns) and the ratio it allows at best ("bound": unfused / gemm time): fusion cannot make a
+step faster than its GEMMs.
 The workloads live in jitgraph/cli/workloads.py.
 Benchmarks are meant to run as on a user's machine: `env -u OPENBLAS_CORETYPE -u
 OPENBLAS_L2_SIZE jitgraph bench` (those variables halve OpenBLAS's sgemm speed here); the
@@ -147,7 +148,7 @@ def run_suite(names=None, repeat=None, json_path=None, quick=False, out=None) ->
             row["ratio"] = row["unfused"]["median_s"] / row["fused"]["median_s"]
             if row["unfused"]["min_s"] > 0 and row["fused"]["min_s"] > 0:
                 row["ratio_min"] = row["unfused"]["min_s"] / row["fused"]["min_s"]
-            gemm = sum(c * t["median_s"] for c, t in zip(counts, times[len(progs):]))
+            gemm = _gemm_total(counts, times[len(progs):])
             if gemm:
                 row["gemm_s"] = gemm
                 row["ratio_bound"] = row["unfused"]["median_s"] / gemm
@@ -192,7 +193,11 @@ def gemm_seconds(graph, repeat, warmup=2) -> float:
     progs, counts = gemm_programs(graph)
     if not progs:
         return 0.0
-    times = time_steps(progs, {}, repeat, warmup)
+    return _gemm_total(counts, time_steps(progs, {}, repeat, warmup))
+
+
+def _gemm_total(counts, times) -> float:
+    """Seconds of a graph's GEMMs from its gemm_programs' times: count x median, summed."""
     return sum(c * t["median_s"] for c, t in zip(counts, times))
 
 

@@ -216,7 +216,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
     pro = feeding(g, n.id, kernel.nodes)
     acc = {x for pair in kernel.accumulate for x in pair}
-    prod = kernel.accumulate[-1][1] if kernel.accumulate else n.id   # what the GEMMs leave
+    prod = kernel.product
     epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro and m not in acc)
     b = Builder(g, inlined, slot_of)
     scratch, at = {}, 0            # prologue value read after the prologue -> scratch offset
@@ -269,7 +269,8 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     if not epi and prod in outs:       # nothing after the GEMMs, and the product in scratch
         size = rows * ncols
         src, dst = b.arg(view((size,)), "c"), b.arg((prod, (size,)), "o")
-        b.lines += [f"for i0 in prange({size}):", f"    {dst}[i0] = {src}[i0]"]
+        loop = "prange" if size >= PARALLEL_MIN_WORK else "range"
+        b.lines += [f"for i0 in {loop}({size}):", f"    {dst}[i0] = {src}[i0]"]
         outs = tuple(m for m in outs if m != prod)
     call = elementwise(g, type(kernel)(kernel.id, epi, "elementwise", outs), inlined, b,
                        {prod: cflat}, spill=spill)
