@@ -410,9 +410,13 @@ def test_compiled_ops_within_the_bounds(dtype, fuse):
 def test_compiled_f32_pow_within_half_an_ulp(fuse):
     """float32 pow (approx.fpow) for integer, half-integer and other exponents, both signs and
     every special of x: within 0.5 ulp of float64 np.power and NaN exactly where numpy's float32
-    np.power (the interpreter) is NaN; alone and fused with the exponents' sum."""
+    np.power (the interpreter) is NaN; alone and fused with the exponents' sum. Fused, one
+    exponent for each of fpow's cases (x^0, an odd and an even integer, sqrt, a non-integer,
+    overflow and underflow): 13 copies of its float64 exp and log inlined in one kernel took
+    LLVM 90 s of CI."""
     import jitgraph as jg
-    ps = (0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, -0.5, 1.7, -2.5, 7.0, 0.1, 100.0)
+    ps = ((0.0, 3.0, -2.0, 0.5, -2.5, 100.0) if fuse else
+          (0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, -0.5, 1.7, -2.5, 7.0, 0.1, 100.0))
     x = np.concatenate([_sweep(np.float32, 1 << 14), _specials(np.float32)])
     graph = jg.Graph("pow_f32")
     xv = graph.input("x", x.shape, "f32")

@@ -200,9 +200,12 @@ def test_logits_match_llama_cpp(gen, ref):
     want = np.array(ref["logits"]["first5_of_each_position"])
     gen.reset()
     got = np.array([gen.step(t)[:5].copy() for t in ids])
-    assert np.abs(got - want).max() < 2e-5                 # llama_forward: 1e-4
+    # 5e-4: an F16 cache value at a rounding boundary rounds either way with the host's BLAS
+    # (tests/test_llama.py F16_CACHE_TOL); most positions agree to ~2e-6
+    assert np.abs(got - want).max() < 5e-4
+    assert np.median(np.abs(got - want)) < 1e-5
     gen.reset()
-    assert np.abs(gen.feed(ids)[:5] - want[-1]).max() < 1e-4
+    assert np.abs(gen.feed(ids)[:5] - want[-1]).max() < 5e-4
 
 
 def test_decode_logits_equal_full_forward(gen, model, ref):

@@ -19,6 +19,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MODEL = DATA / "gguf" / "stories260K.gguf"
 REFERENCE = DATA / "gguf" / "stories260K-reference.json"
 SHAKESPEARE = DATA / "text" / "tinyshakespeare.txt"
+F16_CACHE_TOL = 5e-4   # logits against llama.cpp's with an F16 KV cache (test_logits_interp)
 needs_model = pytest.mark.skipif(not (MODEL.exists() and REFERENCE.exists()),
                                  reason=f"{MODEL} (llama.cpp's stories260K test model) and its "
                                         f"reference outputs are not present")
@@ -77,8 +78,12 @@ def test_logits_interp(model, ref, kv_f16):
     assert out.shape == (1, len(ids), cfg.vocab)
     want = np.array(ref["logits"]["first5_of_each_position"])
     # llama.cpp keeps K and V in F16 (its default cache type); emulated, the logits agree to
-    # ~1e-5; in plain f32 they differ by ~2e-3 but the predictions are the same
-    assert np.abs(out[0, :, :5] - want).max() < (1e-4 if kv_f16 else 5e-3)
+    # ~1e-5 at most positions; in plain f32 they differ by ~2e-3 but the predictions are the
+    # same. F16_CACHE_TOL: a K or V value within an f32 ulp of an f16 rounding boundary rounds
+    # either way, so a BLAS summing in another order (another host's OpenBLAS kernels) moves
+    # the later positions' logits: weights perturbed by 2e-7 (relative) moved them by up to
+    # 2.6e-4, and a Zen 3 host's numpy read 2.2e-4 here where AVX-512 hosts read under 2e-5.
+    assert np.abs(out[0, :, :5] - want).max() < (F16_CACHE_TOL if kv_f16 else 5e-3)
     assert out[0].argmax(-1).tolist() == ref["logits"]["argmax"]
 
 
@@ -89,7 +94,7 @@ def test_logits_compiled(model, ref):
     g = llama_forward(cfg, 1, len(ids), kv_f16=True)
     out = load_params(jg.compile(g), params).step(**llama_inputs(ids))["logits"]
     want = np.array(ref["logits"]["first5_of_each_position"])
-    assert np.abs(out[0, :, :5] - want).max() < 1e-4
+    assert np.abs(out[0, :, :5] - want).max() < F16_CACHE_TOL
     assert out[0].argmax(-1).tolist() == ref["logits"]["argmax"]
 
 

@@ -338,10 +338,12 @@ def test_lora_commands_generate_perplexity_export(model, tmp_path, capsys):
                     kv_f16=False)
     ids = tok.encode("Once upon a time")
     a, b = unm.feed(ids).copy(), mer.feed(ids).copy()
+    # atol relative to the row's largest logit (~15): a logit near 0 carries the rounding of
+    # the sums that make the large ones (merged and unmerged 1.2e-5 apart at 0.02 on a Zen 3)
     for t in (300, 301, 302):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
         a, b = unm.step(t).copy(), mer.step(t).copy()
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
     unm.reset()
     base_logits = Generator(model, ctx=512, chunk=1, warmup=False, kv_f16=False).feed(ids)
     assert np.max(np.abs(unm.feed(ids) - base_logits)) > 1e-2      # the adapter acts

@@ -186,6 +186,50 @@ def _ldexp(typingctx, y, nf):
     return t(t, t), codegen
 
 
+def _select_cmp(builder, op, x, c):
+    """x if x <op> c else c, as one fcmp and one select (NaN x: c). Written as Python's
+    `x if x >= c else c`, numba's branches reach LLVM in a form its x86 lowering no longer
+    maps to vmaxps / vminps: exp's two clamps became three compares, two ands and two
+    blends a vector instead of one max and one min."""
+    return builder.select(builder.fcmp_ordered(op, x, c), x, c)
+
+
+@intrinsic
+def _atleast(typingctx, x, lo):
+    """max(x, lo), lo for a NaN x (one vmaxps)."""
+    t = _float_sig(x, lo)
+    if t is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _select_cmp(builder, ">", *args)
+    return t(t, t), codegen
+
+
+@intrinsic
+def _atmost(typingctx, x, hi):
+    """min(x, hi), hi for a NaN x (one vminps)."""
+    t = _float_sig(x, hi)
+    if t is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _select_cmp(builder, "<", *args)
+    return t(t, t), codegen
+
+
+@intrinsic
+def _clamp(typingctx, x, lo, hi):
+    """x clamped to [lo, hi], lo for a NaN x (one vmaxps and one vminps)."""
+    t = _float_sig(x, lo, hi)
+    if t is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _select_cmp(builder, "<", _select_cmp(builder, ">", args[0], args[1]), args[2])
+    return t(t, t, t), codegen
+
+
 @intrinsic
 def _copysign(typingctx, a, b):
     """|a| with the sign of b (llvm.copysign)."""
@@ -253,8 +297,12 @@ def _fexp_parts(x):
     """e^x = p * 2^nf for float32 x clamped to [-110, 89] (NaN -> -110): p in [0.70, 1.42]
     with a max relative error of 1.4e-8 (0.12 ulp) before its last rounding, nf an integer.
     Below -110 even |x| e^x (silu) is under half the smallest subnormal."""
-    xc = x if x >= F(-110.0) else F(-110.0)
-    xc = xc if xc <= F(89.0) else F(89.0)
+    return _fexp_core(_clamp(x, F(-110.0), F(89.0)))
+
+
+@njit(inline="always", error_model="numpy")
+def _fexp_core(xc):
+    """_fexp_parts for xc already in [-110, 89]."""
     nf = _rint(xc * F(_LOG2E))
     r = _fma(nf, F(-0.693359375), xc)            # exact: nf * 0.693359375 has <= 17 bits
     r = _fma(nf, F(2.12194440e-4), r)
@@ -278,7 +326,7 @@ def fexp(x):
 @njit(inline="always", error_model="numpy")
 def _fsig_parts(x):
     """(num, den, nf, e): sigmoid(x) = ldexp(num / den, nf), e = e^-|x|, all float32."""
-    a = -x if x >= F(0.0) else x                   # -|x|
+    a = -abs(x)
     p, nf, t = _fexp_parts(a)
     e = _mul(p, _pow2(nf))                         # feeds 1 + e only
     neg = x < F(0.0)
@@ -300,7 +348,7 @@ def fsilu(x):
     """x * sigmoid(x); silu(-inf) = NaN like x * sigmoid(x) (the op's reference)."""
     x = F(x)
     num, den, k, e = _fsig_parts(x)
-    xc = x if x >= F(-110.0) else F(-110.0)
+    xc = _atleast(x, F(-110.0))
     y = _ldexp(_mul(xc, num) / den, k)
     y = y if x == x else x
     return y if x != -INF else NAN
@@ -323,10 +371,10 @@ def _flog1p_small(e):
 def fsoftplus(x):
     """ln(1 + e^x) = max(x, 0) + ln(1 + e^-|x|)."""
     x = F(x)
-    a = -x if x >= F(0.0) else x
+    a = -abs(x)
     p, nf, t = _fexp_parts(a)
     L = _flog1p_small(_ldexp(p, nf))
-    m = x if x > F(0.0) else F(0.0)
+    m = _atleast(x, F(0.0))
     y = _add(m, L)
     return y if x == x else x
 
@@ -363,9 +411,8 @@ def ftanh(x):
     """tanh |x| = E / (E + 2), E = e^{2|x|} - 1 = 2^n t + (2^n - 1) (t = e^r - 1: no
     cancellation at any |x|, one division); |x| clamped to 9 (tanh = 1 in float32 beyond)."""
     x = F(x)
-    a = -x if x < F(0.0) else x
-    a = a if a <= F(9.0) else F(9.0)
-    p, nf, t = _fexp_parts(_add(a, a))
+    a = _atmost(abs(x), F(9.0))                    # NaN -> 9
+    p, nf, t = _fexp_core(_add(a, a))
     s2 = _pow2(nf)                                 # n in [0, 26]: exact
     E = _fma(s2, t, _sub(s2, F(1.0)))
     y = _copysign(E / _add(E, F(2.0)), x)
@@ -386,8 +433,7 @@ def _dexp_parts(x):
 def _dexp_parts_dd(x, xl):
     """e^(x + xl) = (p + pl) * 2^nf for float64 x (|xl| <= ulp(x)) clamped to [-760, 710] (NaN -> -760); p + pl (pl the
     rounding error of p = 1 + t) is e^r to ~0.2 ulp. Below -760, |x| e^x underflows too."""
-    xc = x if x >= -760.0 else -760.0
-    xc = xc if xc <= 710.0 else 710.0
+    xc = _clamp(x, -760.0, 710.0)
     nf = _rint(xc * _LOG2E)
     r = _fma(nf, -_LN2_HI, xc)
     r = _add(_fma(nf, -_LN2_LO, r), xl)
@@ -469,7 +515,7 @@ def _two_prod(a, b):
 def dsilu(x):
     x = np.float64(x)
     q0, ql, k, e, r0 = _dsig_parts(x)
-    xc = x if x >= -760.0 else -760.0
+    xc = _atleast(x, -760.0)
     y = _ldexp(_mul_q(xc, q0, ql), k)
     y = y if abs(x) < DINF else _mul(x, 1.0 - k)  # inf, NaN
     return y if x != -DINF else DNAN
@@ -502,10 +548,10 @@ def _dlog1p_small(e, el):
 @njit(inline="always", error_model="numpy")
 def dsoftplus(x):
     x = np.float64(x)
-    a = -x if x >= 0.0 else x
+    a = -abs(x)
     p, pl, nf = _dexp_parts(a)
     L = _dlog1p_small(_ldexp(p, nf), _mul(pl, _pow2(nf)))
-    m = x if x > 0.0 else 0.0
+    m = _atleast(x, 0.0)
     y = _add(m, L)
     return y if x == x else x
 
@@ -583,9 +629,8 @@ def _scaled(g, t, k):
 def dsilu_back(x, g):
     x = np.float64(x)
     g = np.float64(g)
-    xc = x if x >= -800.0 else -800.0             # beyond +-800: 0 or g exactly, for
+    xc = _clamp(x, -800.0, 800.0)                 # beyond +-800: 0 or g exactly, for
     #                                               |g| < 2e21 (larger g: g x e^x at -800)
-    xc = xc if xc <= 800.0 else 800.0
     q, k, s_c = _dsig_pair(xc, 0.0)
     y = _scaled(g, _mul(q, _fma(xc, s_c, 1.0)), k)
     return y if abs(x) < DINF else DNAN            # +-inf, NaN: NaN like the formula
@@ -611,8 +656,8 @@ def fsilu_back(x, g):
     """float32 silu_back, in float64 inside: the bracket 1 + x (1 - s) cancels to 0 near
     x = -1.2785, where a float32 evaluation loses every digit."""
     xd = np.float64(x)
-    xc = xd if xd >= -200.0 else -200.0           # beyond: 0 (or g) in float32, for any
-    xc = xc if xc <= 200.0 else 200.0             # float32 g (|g x| e^x < 2^-150 below -200)
+    xc = _clamp(xd, -200.0, 200.0)                # beyond: 0 (or g) in float32, for any
+    #                                               float32 g (|g x| e^x < 2^-150 below -200)
     q, k, s_c = _dsig_pair_fast(xc)
     y = _mul(_mul(np.float64(g), _mul(q, _fma(xc, s_c, 1.0))), _pow2(k))
     return F(y if abs(xd) < DINF else DNAN)
@@ -639,8 +684,8 @@ def _gelu_z_dd(x):
 @njit(inline="always", error_model="numpy")
 def dgelu(x):
     x = np.float64(x)
-    xc = x if x >= -40.0 else -40.0               # gelu(x < -40) underflows: z < -4600
-    xc = xc if xc <= 1e10 else 1e10               # gelu(x) = x beyond; no overflow in x^3
+    xc = _clamp(x, -40.0, 1e10)                   # gelu(x < -40) underflows: z < -4600;
+    #                                               gelu(x) = x beyond; no overflow in x^3
     zh, zl = _gelu_z_dd(xc)
     q0, ql, k, e, r0 = _dsig_parts_dd(zh, zl)
     y = _ldexp(_mul_q(xc, q0, ql), k)
@@ -653,8 +698,7 @@ def dgelu(x):
 def _fexp_parts_d(z):
     """e^z = p * 2^nf (float32 p, nf, t = p - 1) for a float64 z clamped to [-110, 89]: the
     reduction in float64, so z need not be a float32 (gelu's argument, exact to 2^-50)."""
-    zc = z if z >= -110.0 else -110.0
-    zc = zc if zc <= 89.0 else 89.0
+    zc = _clamp(z, -110.0, 89.0)
     nf = _rint(zc * _LOG2E)
     r = F(_fma(nf, -_LN2_LO, _fma(nf, -_LN2_HI, zc)))
     q = _fma(F(0.0013927684616575004), r, F(0.00836438069329107))
@@ -670,8 +714,8 @@ def fgelu(x):
     """float32 gelu: the argument z = 2u in float64 (in float32 its rounding alone would cost
     |z| ulps in the tail), the rest as fsilu."""
     x = F(x)
-    xc = x if x >= F(-40.0) else F(-40.0)         # gelu(x < -40) underflows: z < -4600
-    xc = xc if xc <= F(1e10) else F(1e10)         # gelu(x) = x beyond; no overflow in x^3
+    xc = _clamp(x, F(-40.0), F(1e10))             # gelu(x < -40) underflows: z < -4600;
+    #                                               gelu(x) = x beyond; no overflow in x^3
     xd = np.float64(xc)
     z = _mul(_mul(_C2, xd), _fma(_mul(_K, xd), xd, 1.0))
     a = -z if z >= 0.0 else z
@@ -690,8 +734,7 @@ def fgelu(x):
 def dgelu_back(x, g):
     x = np.float64(x)
     g = np.float64(g)
-    xc = x if x >= -40.0 else -40.0               # beyond +-40: 0 or g exactly, no overflow
-    xc = xc if xc <= 40.0 else 40.0
+    xc = _clamp(x, -40.0, 40.0)                   # beyond +-40: 0 or g exactly, no overflow
     x2 = _mul(xc, xc)
     zh, zl = _gelu_z_dd(xc)
     q, k, s_c = _dsig_pair(zh, zl)
@@ -704,8 +747,7 @@ def dgelu_back(x, g):
 def fgelu_back(x, g):
     """float32 gelu_back, in float64 inside (its bracket cancels near x = -0.7518)."""
     xd = np.float64(x)
-    xc = xd if xd >= -40.0 else -40.0
-    xc = xc if xc <= 40.0 else 40.0
+    xc = _clamp(xd, -40.0, 40.0)
     x2 = _mul(xc, xc)
     z = _mul(_mul(_C2, xc), _fma(_K, x2, 1.0))
     q, k, s_c = _dsig_pair_fast(z)
