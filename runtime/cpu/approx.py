@@ -102,7 +102,8 @@ def _fma(typingctx, a, b, c):
     return t(t, t, t), codegen
 
 
-def _strict_binop(op):
+def _binary_intrinsic(emit, doc=None):
+    """An intrinsic of two floats of one type, its LLVM value emit(builder, a, b)."""
     @intrinsic
     def _op(typingctx, a, b):
         t = _float_sig(a, b)
@@ -110,11 +111,16 @@ def _strict_binop(op):
             return None
 
         def codegen(context, builder, sig, args):
-            # tagged `contract` so numba's fastmath pass leaves it alone (it only tags binops
-            # without flags): no reassociation, no nsz; contraction needs a tagged partner
-            return getattr(builder, op)(args[0], args[1], flags=("contract",))
+            return emit(builder, *args)
         return t(t, t), codegen
+    _op.__doc__ = doc
     return _op
+
+
+def _strict_binop(op):
+    # tagged `contract` so numba's fastmath pass leaves it alone (it only tags binops without
+    # flags): no reassociation, no nsz; contraction needs a tagged partner
+    return _binary_intrinsic(lambda builder, a, b: getattr(builder, op)(a, b, flags=("contract",)))
 
 
 _add = _strict_binop("fadd")
@@ -194,40 +200,16 @@ def _select_cmp(builder, op, x, c):
     return builder.select(builder.fcmp_ordered(op, x, c), x, c)
 
 
-@intrinsic
-def _atleast(typingctx, x, lo):
-    """max(x, lo), lo for a NaN x (one vmaxps)."""
-    t = _float_sig(x, lo)
-    if t is None:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _select_cmp(builder, ">", *args)
-    return t(t, t), codegen
+_atleast = _binary_intrinsic(lambda builder, x, lo: _select_cmp(builder, ">", x, lo),
+                             "max(x, lo), lo for a NaN x (one vmaxps).")
+_atmost = _binary_intrinsic(lambda builder, x, hi: _select_cmp(builder, "<", x, hi),
+                            "min(x, hi), hi for a NaN x (one vminps).")
 
 
-@intrinsic
-def _atmost(typingctx, x, hi):
-    """min(x, hi), hi for a NaN x (one vminps)."""
-    t = _float_sig(x, hi)
-    if t is None:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _select_cmp(builder, "<", *args)
-    return t(t, t), codegen
-
-
-@intrinsic
-def _clamp(typingctx, x, lo, hi):
+@njit(inline="always", error_model="numpy")
+def _clamp(x, lo, hi):
     """x clamped to [lo, hi], lo for a NaN x (one vmaxps and one vminps)."""
-    t = _float_sig(x, lo, hi)
-    if t is None:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _select_cmp(builder, "<", _select_cmp(builder, ">", args[0], args[1]), args[2])
-    return t(t, t, t), codegen
+    return _atmost(_atleast(x, lo), hi)
 
 
 @intrinsic
