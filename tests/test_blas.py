@@ -273,3 +273,35 @@ def test_transposed_weight_copy_decision_and_results():
                 assert np.abs(out["y"] - want).max() <= tol * scale, (dt, m, n, k, fuse)
                 assert np.abs(out["z"] - np.maximum(want + bs, 0)).max() <= tol * scale, \
                     (dt, m, n, k, fuse)
+
+
+@pytest.mark.parametrize("ta", [True, False], ids=["A transposed (k tiles)", "row tiles"])
+def test_the_load_moves_where_bands_run_not_the_bits(ta):
+    """A GEMM between the quiet and busy one-thread bounds: quiet, its bands run on the pool;
+    busy (adapt() raised the bound), the same bands run one after another on this thread. Same
+    sub-GEMMs, same bits (cut by the moving bound, the whole GEMM's small-kernel tiles summed
+    k in another order than each band's: a resumed training run came out 1 ulp off)."""
+    from jitgraph.runtime.cpu import blas
+    if blas._POOL.value < 2:
+        pytest.skip("one pool thread: no bands")
+    was = (blas._SERIAL_MAX.value, blas._BAND_MIN.value)
+    small = blas.set_small_mnk(10 ** 6)
+    rng = np.random.default_rng(5)
+    m, n, k = (64, 64, 2048) if ta else (2048, 64, 64)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    assert blas.QUIET_BOUND < m * n * k <= blas.BUSY_BOUND
+    out = {}
+    try:
+        blas._BAND_MIN.value = blas.QUIET_BOUND
+        for bound in (blas.QUIET_BOUND, blas.BUSY_BOUND):
+            blas._SERIAL_MAX.value = bound
+            c = np.zeros((m, n), np.float32)
+            blas.gemm_f32(ta, False, 1.0, a, b, 0.0, c)
+            out[bound] = c
+    finally:
+        blas._SERIAL_MAX.value, blas._BAND_MIN.value = was
+        blas.set_small_mnk(small)
+    want = (a.T if ta else a).astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out[blas.QUIET_BOUND], want, rtol=1e-4, atol=1e-4 * k)
+    assert np.array_equal(out[blas.QUIET_BOUND], out[blas.BUSY_BOUND])

@@ -203,6 +203,11 @@ def _setting(symbol, value):
 # loading, a pause) and is not judged. Starts at QUIET_BOUND: starting at BUSY_BOUND held a
 # short run's first ~50 ms of steps on one thread for nothing (the MNIST MLP step at batch 100
 # timed 1.8 ms there against 1.15 ms quiet).
+# The load moves only where the bands run, never how a GEMM is cut: a GEMM above the band bound
+# (QUIET_BOUND, or the fixed bound) is always cut into the same bands, run one per pool thread
+# while quiet and one after another on the calling thread while busy. Same sub-GEMMs, so the
+# same bits whatever the load (cutting by the moving bound summed in another order: a resumed
+# MNIST training run came out 1 ulp from the straight one when the load changed in between).
 # JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: every GEMM in bands), as does
 # set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
 QUIET_BOUND, BUSY_BOUND = 1 << 22, 1 << 26
@@ -210,6 +215,7 @@ PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 5.0, 0.05, 0.
 _FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
 SERIAL_MAX_WORK = int(_FIXED or QUIET_BOUND)
 _SERIAL_MAX, _serial_max = _setting("jitgraph_blas_serial_max", SERIAL_MAX_WORK)
+_BAND_MIN, _band_min = _setting("jitgraph_blas_band_min", SERIAL_MAX_WORK)   # load-independent
 _probe = {"auto": not _FIXED, "next": 0.0, "last": None, "hold": 0.0, "waited": False}
 
 
@@ -217,7 +223,7 @@ def set_serial_max(work: int) -> int:
     """Run GEMMs with m*n*k <= work on one BLAS thread (0: leave every GEMM to OpenBLAS's
     own choice), from now on (the load no longer moves it); returns the previous bound."""
     was = _SERIAL_MAX.value
-    _SERIAL_MAX.value = int(work)
+    _SERIAL_MAX.value = _BAND_MIN.value = int(work)
     _probe["auto"] = False
     return was
 
@@ -429,20 +435,33 @@ def _tiled(ta, tb, alpha, a, lda, b, ldb, beta, c, ldc, m, n, k, small):
         _xgemm(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _bands(ta, tb, alpha, a, b, beta, c, parts, small):
-    """c's rows in `parts` bands, one per thread of numba's pool, each band _tiled (a's rows,
-    or with A transposed its columns: the same stride from a later start)."""
+@njit(cache=True, nogil=True, inline="always")
+def _band(p, parts, ta, tb, alpha, a, b, beta, c, small):
+    """Band p of `parts` of c's rows, _tiled (a's rows, or with A transposed its columns: the
+    same stride from a later start)."""
     m, n = c.shape
     k = a.shape[0] if ta else a.shape[1]
     lda, ldb = max(a.shape[1], 1), max(b.shape[1], 1)
     h = (m + parts - 1) // parts
+    i0 = p * h
+    i1 = min(m, i0 + h)
+    if i0 < i1:
+        ab = a[:, i0:] if ta else a[i0:]
+        _tiled(ta, tb, alpha, ab, lda, b, ldb, beta, c[i0:], n, i1 - i0, n, k, small)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _bands(ta, tb, alpha, a, b, beta, c, parts, small):
+    """c's rows in `parts` bands, one per thread of numba's pool."""
     for p in prange(parts):
-        i0 = p * h
-        i1 = min(m, i0 + h)
-        if i0 < i1:
-            ab = a[:, i0:] if ta else a[i0:]
-            _tiled(ta, tb, alpha, ab, lda, b, ldb, beta, c[i0:], n, i1 - i0, n, k, small)
+        _band(p, parts, ta, tb, alpha, a, b, beta, c, small)
+
+
+@njit(cache=True, nogil=True)
+def _bands_here(ta, tb, alpha, a, b, beta, c, parts, small):
+    """The same bands one after another on the calling thread (a busy machine)."""
+    for p in range(parts):
+        _band(p, parts, ta, tb, alpha, a, b, beta, c, small)
 
 
 @njit(cache=True, nogil=True)
@@ -459,15 +478,19 @@ def gemm_one(ta, tb, alpha, a, b, beta, c):
 @njit(cache=True, nogil=True)
 def gemm(ta, tb, alpha, a, b, beta, c):
     """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 or float64
-    arrays (sgemm / dgemm), OpenBLAS on one thread throughout: up to the one-thread bound on
-    the calling thread, above it c's rows in one band per thread of numba's pool."""
+    arrays (sgemm / dgemm), OpenBLAS on one thread throughout: up to the band bound whole on
+    the calling thread, above it c's rows in one band per thread of numba's pool, the bands
+    run by the pool above the (load-following) one-thread bound, else on the calling thread."""
     fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
     if not (m and n):
         return
     was = one_thread()
     parts = min(_pool_threads(), m)
-    if m * n * k > _serial_max() and parts > 1:
-        _bands(ta, tb, alpha, a, b, beta, c, parts, _small_max())
+    if m * n * k > _band_min() and parts > 1:
+        if m * n * k > _serial_max():
+            _bands(ta, tb, alpha, a, b, beta, c, parts, _small_max())
+        else:
+            _bands_here(ta, tb, alpha, a, b, beta, c, parts, _small_max())
     else:
         _tiled(ta, tb, alpha, a, lda, b, ldb, beta, c, ldc, m, n, k, _small_max())
     restore_threads(was)
