@@ -622,7 +622,7 @@ def dsilu_back(x, g):
 def _dsig_pair_fast(z):
     """(q, k, s_c): sigmoid(z) = q 2^k and 1 - sigmoid(z) = s_c to ~2 float64 ulps, for the
     float32 helpers (float64 underflow is below their range: s_c flushes there)."""
-    a = -z if z >= 0.0 else z
+    a = -abs(z)
     p, pl, nf = _dexp_parts(a)
     e = _mul(p, _pow2(nf))
     r0 = 1.0 / _add(1.0, e)
@@ -700,7 +700,7 @@ def fgelu(x):
     #                                               gelu(x) = x beyond; no overflow in x^3
     xd = np.float64(xc)
     z = _mul(_mul(_C2, xd), _fma(_mul(_K, xd), xd, 1.0))
-    a = -z if z >= 0.0 else z
+    a = -abs(z)
     p, nf, t = _fexp_parts_d(a)
     e = _mul(p, _pow2(nf))
     neg = z < 0.0
