@@ -16,39 +16,25 @@ F = np.float32
 ONE = F(1.0)
 
 
-@njit(fastmath={"contract"}, error_model="numpy")
-def adam(p, m, v, g, lr, c1, c2, b1, b2, eps):
-    for i in range(p.size):
-        mi = b1 * m[i] + (ONE - b1) * g[i]
-        vi = b2 * v[i] + (ONE - b2) * (g[i] * g[i])
-        m[i], v[i] = mi, vi
-        p[i] = p[i] - lr * (mi * c1) / (math.sqrt(vi * c2) + eps)
+UPDATES = {   # name: the loop body over element i (m, v, p written; g read)
+    "adam": ("mi = b1 * m[i] + (ONE - b1) * g[i]\n"
+             "vi = b2 * v[i] + (ONE - b2) * (g[i] * g[i])\n"
+             "m[i], v[i] = mi, vi\n"
+             "p[i] = p[i] - lr * (mi * c1) / (math.sqrt(vi * c2) + eps)"),
+    "memory_only": "m[i] = m[i] + g[i]\nv[i] = v[i] + g[i]\np[i] = p[i] + g[i]",
+}
+UPDATES["no_division"] = UPDATES["adam"].replace(") / (math.sqrt", ") * (math.sqrt")
+UPDATES["no_sqrt"] = UPDATES["adam"].replace("math.sqrt(vi * c2)", "(vi * c2)")
+assert len(set(UPDATES.values())) == len(UPDATES)
 
 
-@njit(fastmath={"contract"}, error_model="numpy")
-def no_division(p, m, v, g, lr, c1, c2, b1, b2, eps):
-    for i in range(p.size):
-        mi = b1 * m[i] + (ONE - b1) * g[i]
-        vi = b2 * v[i] + (ONE - b2) * (g[i] * g[i])
-        m[i], v[i] = mi, vi
-        p[i] = p[i] - lr * (mi * c1) * (math.sqrt(vi * c2) + eps)
-
-
-@njit(fastmath={"contract"}, error_model="numpy")
-def no_sqrt(p, m, v, g, lr, c1, c2, b1, b2, eps):
-    for i in range(p.size):
-        mi = b1 * m[i] + (ONE - b1) * g[i]
-        vi = b2 * v[i] + (ONE - b2) * (g[i] * g[i])
-        m[i], v[i] = mi, vi
-        p[i] = p[i] - lr * (mi * c1) / ((vi * c2) + eps)
-
-
-@njit(fastmath={"contract"}, error_model="numpy")
-def memory_only(p, m, v, g, lr, c1, c2, b1, b2, eps):
-    for i in range(p.size):
-        m[i] = m[i] + g[i]
-        v[i] = v[i] + g[i]
-        p[i] = p[i] + g[i]
+def loop(name):
+    """UPDATES[name] as its own compiled loop (each variant a separate kernel, as generated)."""
+    body = "".join(f"        {line}\n" for line in UPDATES[name].split("\n"))
+    src = f"def {name}(p, m, v, g, lr, c1, c2, b1, b2, eps):\n    for i in range(p.size):\n{body}"
+    scope = {"math": math, "ONE": ONE}
+    exec(src, scope)
+    return njit(fastmath={"contract"}, error_model="numpy")(scope[name])
 
 
 def main():
@@ -62,7 +48,7 @@ def main():
     a @ a
     best = min(_time(lambda: a @ a) for _ in range(10))
     print(f"host sgemm 1024^3: {2 * 1024 ** 3 / best / 1e9:.0f} GFLOP/s; n = {n}, one thread")
-    for f in (adam, no_division, no_sqrt, memory_only):
+    for f in map(loop, ("adam", "no_division", "no_sqrt", "memory_only")):
         f(*arrs, *scalars)
         ts = [_time(lambda: f(*arrs, *scalars)) for _ in range(200)]
         print(f"{f.__name__:12s} min {1e6 * min(ts):7.1f} us  median {1e6 * np.median(ts):7.1f} us")
