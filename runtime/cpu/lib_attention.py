@@ -3,11 +3,11 @@
 Flash attention's blocking, with the products on BLAS: one task per (batch, kv head) (a prange
 over them), and in it, for each query head sharing that kv head and each block of BQ query
 rows i0..i0+m, only the keys the block can see (j < i0 + m):
-  forward   S = scale Q K^T (one GEMM into the task's scratch, m x keys, contiguous), E =
-            e^(S - the block's max) in place over the block's whole width (0 past each row's
-            own position, a select, so every row's loop has the same trip count), out =
-            (E V) / rowsum(E) (a GEMM writing the output rows, then each row scaled by its
-            1 / sum). A row whose sum underflows there (its own max 35 or more below the
+  forward   S = scale Q K^T (one GEMM into the task's scratch, m x keys, contiguous), the
+            keys past each row's own position set to -inf, E = e^(S - the block's max) in
+            place, one flat pass over the contiguous block (the masked entries come out 0),
+            out = (E V) / rowsum(E) (a GEMM writing the output rows, then each row scaled by
+            its 1 / sum). A row whose sum underflows there (its own max 35 or more below the
             block's) is redone with its own max, as is every row of a block holding a
             non-finite score (_probs)
   backward  S and E again (recomputed: no S x S tensor is ever stored), P = E / rowsum(E)
@@ -31,7 +31,11 @@ keys are too short to vectorise well), the exp pass to a multiple of 16 past the
 (variable trip counts: 2.0 ms). The block's max instead of each row's (one flat pass over the
 contiguous block; the per-row max passes ended in a horizontal reduction each, 0.25 ms of the
 forward): the softmax pass 0.87-0.93 -> 0.67 ms per forward at stories260K's shape, its
-forward 1.81 -> 1.54-1.58 ms, backward 3.70 -> 3.32-3.56. Tried and no faster
+forward 1.81 -> 1.54-1.58 ms, backward 3.70 -> 3.32-3.56. The exps as one flat pass over the
+block, the masked keys -inf (was: a pass per row over its 32 to 128 keys, with a select; such
+short loops ran in LLVM's remainder loops: 0.70 ns an element against 0.26 in a long loop),
+session 14, AVX-512 Zen 4, in turns, medians: forward 2.33 -> 2.19 ms on one thread, 1.39 ->
+1.22 on two; backward 4.73 -> 4.61 and 2.71 -> 2.58. Tried and no faster
 (bench/README.md, session 8): the query heads sharing a kv head packed into one block (half
 the GEMM calls), and the block's query rows as the vector lanes.
 """
@@ -109,29 +113,42 @@ REDO_BELOW = 2.0 ** -50
 @fkernel
 def _probs(q, k, b, h, g, i0, m, ncols, sct, sc, inv):
     """sc: the block's m x ncols scores, contiguous (row ii: query i0 + ii), = scale * q[b,
-    i0:i0+m, h] k[b, :ncols, g]^T (one GEMM); then row ii -> e^(x_j - top) for keys j <= i0 +
-    ii, 0 past them, with top the max over the whole block (masked scores too: real q.k
-    products, so only a larger shift; one flat pass, which vectorises where a max per row
-    ended in a horizontal reduction each). Not normalised: inv[ii] = 1 / the row's sum, which
-    the caller folds into what it computes from the row. A row summing below REDO_BELOW gets
-    its scores again (one row's GEMM: the first pass overwrote them) and its own max; when
-    the block holds a NaN or an infinity every row takes its own max (the reference's
-    semantics: a non-finite score poisons its own row only)."""
+    i0:i0+m, h] k[b, :ncols, g]^T (one GEMM), the keys past each row's own position set to
+    -inf; then every entry -> e^(x - top) with top the max over the whole block (one flat max
+    pass and one flat exp pass over the contiguous block: they vectorise in full, where loops
+    over rows of 32 to 128 keys spent their time in remainders; the masked entries come out
+    0). Not normalised: inv[ii] = 1 / the row's sum, which the caller folds into what it
+    computes from the row. A row summing below REDO_BELOW gets its scores again (one row's
+    GEMM: the first pass overwrote them) and its own max; when the block holds a NaN or an
+    infinity every row takes its own max (the reference's semantics: a non-finite score
+    poisons its own row only)."""
     H, D = q.shape[2], q.shape[3]
     Hkv = k.shape[2]
     T = sc.dtype.type
     _mm(sc, ncols, q[b, i0:, h], H * D, False, k[b, :, g], Hkv * D, True, m, ncols, D,
         sct, 0.0)
+    for ii in range(m):
+        for j in range(i0 + ii + 1, ncols):
+            sc[ii, j] = T(-math.inf)
     flat = sc.reshape(m * ncols)
     top = T(-math.inf)
     for x in range(m * ncols):
         top = fmaximum(top, flat[x])
-    exact = not math.isfinite(top)
+    if not math.isfinite(top):
+        for ii in range(m):
+            row = sc[ii]
+            n = i0 + ii + 1
+            inv[ii] = T(1.0) / _row_exp(row, n, ncols, _row_max(row, n))
+        return
+    for x in range(m * ncols):
+        flat[x] = vexp(flat[x] - top)
     for ii in range(m):
         row = sc[ii]
-        n = i0 + ii + 1
-        tot = _row_exp(row, n, ncols, _row_max(row, n) if exact else top)
-        if tot < T(REDO_BELOW) and not exact:
+        tot = T(0.0)
+        for j in range(ncols):
+            tot += row[j]
+        if tot < T(REDO_BELOW):
+            n = i0 + ii + 1
             _mm(row, ncols, q[b, i0 + ii:, h], H * D, False, k[b, :, g], Hkv * D, True, 1,
                 ncols, D, sct, 0.0)
             tot = _row_exp(row, n, ncols, _row_max(row, n))
