@@ -10,7 +10,7 @@ Compiles issue 18's step (batch 16 windows of 128 tokens, AdamW) from the storie
   - the matmuls by operand shapes and transposes, with their GFLOP/s (a kernel's whole time,
     epilogue included, is given to each matmul in it);
   - with --kernels, every kernel in step order.
-Set JITGRAPH_BLAS_SERIAL_MAX=4194304 to pin the one-BLAS-thread bound (bench/README.md)."""
+Set JITGRAPH_BLAS_SERIAL_MAX=2097152 to pin the one-BLAS-thread bound (bench/README.md)."""
 import argparse
 import collections
 import sys

@@ -210,7 +210,15 @@ def _setting(symbol, value):
 # MNIST training run came out 1 ulp from the straight one when the load changed in between).
 # JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: every GEMM in bands), as does
 # set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
-QUIET_BOUND, BUSY_BOUND = 1 << 22, 1 << 26
+# QUIET_BOUND was 2^22 until session 14: a GEMM of exactly 2^22 (stories260K's k and v
+# projections [2048,64] @ [64,32], their dX and their [32,64] k 2048 weight gradients, 30 in a
+# full finetuning step) then ran on one thread, 73-76 us, against 39-44 us in two bands
+# (AVX-512 Zen 4, back to back); GEMMs of 1.5-4.2M ran 1.3-1.9x faster in bands alike. In
+# whole steps, each bound in turns with the others in one process (25 rounds, medians): full
+# finetuning 58.6 ms at 2^22, 57.1 at 2^21, 58.5 at 2^20; LoRA 37.0, 35.8, 37.1 (below 2^21
+# the pool's threads, asleep after the serial kernels between, cost more than the bands gain);
+# the MNIST MLP, CNN and llama_train steps the same at 2^22 and 2^21 (within 1.5 %).
+QUIET_BOUND, BUSY_BOUND = 1 << 21, 1 << 26
 PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 5.0, 0.05, 0.5
 _FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
 SERIAL_MAX_WORK = int(_FIXED or QUIET_BOUND)

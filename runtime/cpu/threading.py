@@ -22,7 +22,7 @@ calls `configure()` first). Every setting respects a value the user already expo
                          jitgraph sets it at import (before numpy and scipy load their OpenBLAS
                          when jitgraph is imported first); the GEMM library (blas.py, numpy's
                          OpenBLAS by default) is told again when numpy was imported first.
-  JITGRAPH_BLAS_SERIAL_MAX GEMMs with m*n*k up to this bound (default: 2**22 on a quiet
+  JITGRAPH_BLAS_SERIAL_MAX GEMMs with m*n*k up to this bound (default: 2**21 on a quiet
                          machine, 2**26 while other processes hold the cores) run on the calling
                          thread, bigger ones in bands over the pool (blas.py): each split GEMM
                          must wait for its second thread to be scheduled, which on a busy
