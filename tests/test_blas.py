@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -192,11 +193,12 @@ def test_small_kernel_bound_env_is_checked():
 
 
 def test_serial_bound_follows_the_load(monkeypatch):
-    """adapt(): QUIET_BOUND until an interval is measured and while the process's threads
-    wait for no core, BUSY_BOUND for HOLD_SECONDS after two intervals running in which their
-    run delay exceeded RUN_DELAY_BUSY of the wall time (one alone is a burst); probes at most
-    every PROBE_SECONDS; an interval longer than STALE_SECONDS (no steps run back to back) is
-    not judged; set_serial_max pins the bound; an unreadable run delay stops the adapting."""
+    """adapt(): QUIET_BOUND until an interval is measured and while the thread running the
+    steps waits for no core, BUSY_BOUND for HOLD_SECONDS after two intervals running in which
+    its run delay exceeded RUN_DELAY_BUSY of the wall time (one alone is a burst); probes at
+    most every PROBE_SECONDS; an interval longer than STALE_SECONDS (no steps run back to back)
+    or begun on another thread is not judged; set_serial_max pins the bound; an unreadable run
+    delay stops the adapting."""
     from jitgraph.runtime.cpu import blas
     d = blas.run_delay_ns()
     assert d is None or d >= 0
@@ -224,6 +226,14 @@ def test_serial_bound_follows_the_load(monkeypatch):
     assert probe(5.6, 32.1 * ms) == Q                         # the hold is over
     # a stale interval (a compile between steps) is not judged, however long its wait
     assert probe(7.0, 900 * ms) == Q and probe(7.1, 911 * ms) == Q and probe(7.2, 922 * ms) == B
+    # an interval begun on another thread is not judged (each thread has its own run delay)
+    blas._probe.update(hold=0.0, waited=False)
+    probe(12.6, 1000 * ms)
+    assert probe(12.7, 1000 * ms) == Q
+    tid = threading.get_native_id()
+    monkeypatch.setattr(blas.threading, "get_native_id", lambda: tid + 1)
+    assert probe(12.8, 1100 * ms) == Q and probe(12.9, 1200 * ms) == Q
+    assert probe(13.0, 1300 * ms) == B                        # its own intervals count
     blas.set_serial_max(123)
     assert probe(13.0, 999 * ms) == 123 and delays == [999 * ms]   # pinned
     delays.clear()

@@ -195,12 +195,18 @@ def _setting(symbol, value):
 # gradient took 0.2 ms on one thread, 12 to 80 ms on two; a whole stories260K finetuning step
 # 875 ms against 98 ms. So GEMMs with m*n*k <= the bound run on the calling thread, and the
 # bound follows the machine (adapt(), called by the program before each step, at most every
-# PROBE_SECONDS): QUIET_BOUND while this process's threads do not wait for a core, BUSY_BOUND
-# for HOLD_SECONDS after they did in two probe intervals running (their run delay,
-# /proc/self/task/*/schedstat, above RUN_DELAY_BUSY of the wall time: the very wait that makes
+# PROBE_SECONDS): QUIET_BOUND while the thread running the steps does not wait for a core,
+# BUSY_BOUND for HOLD_SECONDS after it did in two probe intervals running (its run delay,
+# /proc/thread-self/schedstat, above RUN_DELAY_BUSY of the wall time: on a machine whose cores
+# other processes hold, every thread of the step waits, the pool's too, and that wait makes
 # split GEMMs slow; one interval alone is often a neighbour's burst). Only intervals of steps
-# run back to back count: one longer than STALE_SECONDS spans other work (a compile, data
-# loading, a pause) and is not judged. Starts at QUIET_BOUND: starting at BUSY_BOUND held a
+# run back to back on one thread count: one longer than STALE_SECONDS spans other work (a
+# compile, data loading, a pause) and is not judged. Until session 14 the run delay was summed
+# over all the process's threads: the pool's threads spin a moment after each parallel region
+# and keep waiting for a core while another process runs, so a process taking turns with
+# another (bench/llama_peers.py: PyTorch's 5 steps, then jitgraph's 5; PyTorch's own threads
+# spin ~10 ms after its steps) was judged busy and its GEMMs went to one thread mid-run (the
+# full finetuning step 35-40 -> 55-60 ms from its 8th to 24th step on). Starts at QUIET_BOUND: starting at BUSY_BOUND held a
 # short run's first ~50 ms of steps on one thread for nothing (the MNIST MLP step at batch 100
 # timed 1.8 ms there against 1.15 ms quiet).
 # The load moves only where the bands run, never how a GEMM is cut: a GEMM above the band bound
@@ -237,21 +243,13 @@ def set_serial_max(work: int) -> int:
 
 
 def run_delay_ns() -> int | None:
-    """Nanoseconds this process's threads have spent runnable but waiting for a core (Linux:
-    the sum over /proc/self/task/*/schedstat), or None when that cannot be read."""
+    """Nanoseconds the calling thread has spent runnable but waiting for a core (Linux:
+    /proc/thread-self/schedstat), or None when that cannot be read."""
     try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
         return None
-    total, seen = 0, False
-    for t in tasks:
-        try:
-            with open(f"/proc/self/task/{t}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
-            seen = True
-        except (OSError, IndexError, ValueError):   # a thread gone since listdir
-            continue
-    return total if seen else None
 
 
 def adapt(now=time.monotonic) -> None:
@@ -263,12 +261,12 @@ def adapt(now=time.monotonic) -> None:
     if t < p["next"]:
         return
     p["next"] = t + PROBE_SECONDS
-    delay = run_delay_ns()
+    delay, tid = run_delay_ns(), threading.get_native_id()
     if delay is None:
         p["auto"] = False
         return
-    if p["last"] is not None and t - p["last"][0] <= STALE_SECONDS:
-        t0, d0 = p["last"]
+    if p["last"] is not None and t - p["last"][0] <= STALE_SECONDS and p["last"][2] == tid:
+        t0, d0, _ = p["last"]
         waited = (delay - d0) * 1e-9 > RUN_DELAY_BUSY * (t - t0)
         if waited and p["waited"]:
             p["hold"] = t + HOLD_SECONDS
@@ -276,7 +274,7 @@ def adapt(now=time.monotonic) -> None:
         _SERIAL_MAX.value = BUSY_BOUND if t < p["hold"] else QUIET_BOUND
     else:
         p["waited"] = False
-    p["last"] = (t, delay)
+    p["last"] = (t, delay, tid)
 
 
 def _thread_count_functions():
