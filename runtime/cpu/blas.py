@@ -206,9 +206,9 @@ def _setting(symbol, value):
 # and keep waiting for a core while another process runs, so a process taking turns with
 # another (bench/llama_peers.py: PyTorch's 5 steps, then jitgraph's 5; PyTorch's own threads
 # spin ~10 ms after its steps) was judged busy and its GEMMs went to one thread mid-run (the
-# full finetuning step 35-40 -> 55-60 ms from its 8th to 24th step on). Starts at QUIET_BOUND: starting at BUSY_BOUND held a
-# short run's first ~50 ms of steps on one thread for nothing (the MNIST MLP step at batch 100
-# timed 1.8 ms there against 1.15 ms quiet).
+# full finetuning step 35-40 -> 55-60 ms from its 8th to 24th step on). Starts at QUIET_BOUND:
+# starting at BUSY_BOUND held a short run's first ~50 ms of steps on one thread for nothing
+# (the MNIST MLP step at batch 100 timed 1.8 ms there against 1.15 ms quiet).
 # The load moves only where the bands run, never how a GEMM is cut: a GEMM above the band bound
 # (QUIET_BOUND, or the fixed bound) is always cut into the same bands, run one per pool thread
 # while quiet and one after another on the calling thread while busy. Same sub-GEMMs, so the
