@@ -16,7 +16,7 @@ training batches are random contiguous windows of the first 90 %, drawn once (se
 alike to every system; val loss is the mean over 20 fixed random batches of the tail 10 %.
 
 The systems train side by side, taking turns every `--block` steps, so a change of load on the
-machine hits all alike; ms/step is the median of the steps after the first 3 (torch.compile's
+machine hits all alike (each turn starts after a 0.1 s pause: SETTLE_S); ms/step is the median of the steps after the first 3 (torch.compile's
 first step compiles; its compile time is that step less the median), with its 25th percentile
 and minimum, and the process's CPU time per step (median): with `--threads 1` that is the
 step's time on a core of its own, whatever else the machine runs. The host's sgemm rate
@@ -57,6 +57,12 @@ DEFAULT_TEXT = HERE.parent.parent / "shared" / "data" / "text" / "tinyshakespear
 DEFAULT_GGUF = HERE.parent.parent / "shared" / "data" / "gguf" / "stories260K.gguf"
 CONFIG = dict(vocab=256, dim=128, layers=4, heads=4, ff=352, ctx=128)
 BATCH, LR, BETAS, SEED, VAL_BATCHES = 16, 1e-3, (0.9, 0.999), 0, 20
+# At each change of turn: the threads of the system that just ran spin-wait after its last
+# step (PyTorch's OpenMP threads for ~10 ms, jitgraph's pool a moment), and on a 2-core host
+# the next system's first steps waited for a core meanwhile (jitgraph's first full finetuning
+# step after PyTorch's turn: 64 ms with 12 ms of it waiting, against 35 ms; PyTorch's first
+# after jitgraph's 106-114 ms against 86-91). Neither happens in a run of one system alone.
+SETTLE_S = 0.1
 
 
 def _threads_from_argv(argv):
@@ -370,6 +376,8 @@ def train_side_by_side(systems, text, steps, eval_at, block):
         n = min(block, steps - done)
         for s in systems:
             r = res[s.name]
+            if len(systems) > 1:
+                time.sleep(SETTLE_S)    # the other system's threads stop spinning first
             for i in range(done, done + n):
                 tok, lab = text.batch_at(i)
                 if hasattr(s, "timed_step"):            # Remote: timed in its process

@@ -9,7 +9,9 @@ Stages and their switches (jitgraph.compile arguments):
   patterns    with `fuse`: softmax, log_softmax, rms_norm and layer_norm written from
               primitives become the row op (passes/patterns.py), before autodiff so the
               backward uses their *_back ops; `fuse=False` keeps one kernel per primitive
-  autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs
+  autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs; an
+              attention the backward differentiates keeps its probabilities when they are
+              small and the backend lowers that (passes/attention.py)
   guard       with `check_finite`: flags whether every float output (loss, gradients) is
               finite and makes every update keep the old value when not (passes/guard.py)
   optimizer   when `optimizer` is given: appends the parameter update (needs `loss`); with
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 
 from jitgraph.types import ShapeError
 
+from .attention import store_attention_probs
 from .autodiff import grad
 from .checkpoint import checkpoint
 from .fuse import group_kernels
@@ -76,6 +79,12 @@ def _patterns(st):
 
 def _autodiff(st):
     st.graph, rep = grad(st.graph, st.options.loss)
+    st.graph, stored = store_attention_probs(st.graph, st.options.kinds)
+    if stored:
+        rep.stats.update(stored)
+        rep.lines.append(f"attention: {stored['attention_probs_stored']} ops keep their "
+                         f"probabilities for the backward ({stored['attention_probs_bytes']:,} "
+                         f"bytes; passes/attention.py)")
     return rep
 
 

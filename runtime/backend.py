@@ -8,7 +8,9 @@ the target's backend; runtime/executor.py's Program runs what the backend built.
                 alone) and the fused kinds, and "gemm_accumulate" when its gemm kernels take
                 further products accumulated into the output (Kernel.accumulate); the pipeline
                 forms only those (Options.kinds) and the compiler refuses a kernel graph with
-                another.
+                another. "attention_store": it lowers attention_store and
+                attention_back_stored, so autodiff may keep attention's probabilities
+                (passes/attention.py).
   generate(kernels, plan) -> (module, source)
                 lowering: every kernel of the KernelGraph, in order, reading and writing values
                 where the MemoryPlan puts them (a region and offset; inputs and outputs through
@@ -77,7 +79,7 @@ class CPU:
     calling them (compiled by llvmlite)."""
     name = "cpu"
     kinds = frozenset(("node", "elementwise", "gemm", "gemm_accumulate", "rows", "reduce",
-                       "cross_entropy"))
+                       "cross_entropy", "attention_store"))
 
     def __init__(self):
         from .cpu.threading import configure

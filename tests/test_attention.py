@@ -171,7 +171,112 @@ def test_llama_trains_through_the_op():
              pos=np.arange(8, dtype=np.int32))
     want = interp.run(g, f, params)["loss"]
     assert abs(float(prog.step(**f)["loss"]) - float(want)) < 1e-5
-    assert "attention_back" in {n.op for n in prog.graph.nodes}
+    # training keeps the probabilities (passes/attention.py): the stored pair, not the recompute
+    assert {"attention_store", "attention_back_stored"} <= {n.op for n in prog.graph.nodes}
+    assert "attention_back" not in {n.op for n in prog.graph.nodes}
+
+
+def params_graph(f, dt):
+    """sum(attention(q, k, v) * r) with q, k, v params: compiled with loss=, its backward goes
+    through the autodiff stage (and passes/attention.py)."""
+    g = jg.Graph("attp")
+    q, k, v = (g.param(n, f[n].shape, dt) for n in "qkv")
+    y = ops.attention(q, k, v)
+    g.output(loss=ops.sum(y * g.input("r", y.shape, dt)), y=y)
+    return g
+
+
+def stored_against_interpreter(f, dt, tol):
+    """The compiled training graph keeps attention's probabilities (attention_store and
+    attention_back_stored in place of attention and attention_back); its output and gradients
+    equal the interpreter's on the plain graph (the references recomputing everything)."""
+    g = params_graph(f, dt)
+    prog = jg.compile(g, loss="loss")
+    ops_ = {n.op for n in prog.graph.nodes}
+    assert {"attention_store", "attention_back_stored"} <= ops_ and "attention" not in ops_
+    for k in "qkv":
+        prog.params[k] = f[k]
+    got = prog.run(r=f["r"])
+    want = interp.run(jg.grad(g, "loss"), {"r": f["r"]}, {k: f[k] for k in "qkv"})
+    for n in ("y", "grad/q", "grad/k", "grad/v"):
+        w = want[n]
+        np.testing.assert_allclose(got[n], w, atol=tol * max(1.0, np.nanmax(np.abs(w))),
+                                   err_msg=n)
+    return got
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 4, 2, 3), (16, 64, 8, 4, 8), (4, 48, 4, 4, 32),
+                                   (2, 70, 2, 1, 8)])
+@pytest.mark.parametrize("dt", ["f64", "f32"])
+def test_stored_probabilities_equal_the_interpreter(shape, dt):
+    """Serial and prange paths, GQA, a sequence not a multiple of the block (70: blocks of 32,
+    32 and 6 rows)."""
+    f = feeds(*shape, dt)
+    f["r"] = np.random.default_rng(9).standard_normal(
+        (shape[0], shape[1], shape[2], shape[4])).astype(NP[dt])
+    stored_against_interpreter(f, dt, 1e-11 if dt == "f64" else 2e-5)
+
+
+@pytest.mark.parametrize("dt", ["f64", "f32"])
+def test_stored_probabilities_of_rows_far_below_the_block_max(dt):
+    f = far_apart(dt)
+    f["r"] = np.random.default_rng(9).standard_normal(f["q"].shape).astype(NP[dt])
+    got = stored_against_interpreter(f, dt, 1e-11 if dt == "f64" else 2e-5)
+    assert all(np.isfinite(got[n]).all() for n in ("y", "grad/q", "grad/k", "grad/v"))
+
+
+def test_the_stored_layout_and_its_reference():
+    """attention_store: out, then e blocked by PROBS_BLOCK query rows (each block only the keys
+    its rows see, shifted by the block's largest score), then r: e r is the softmax (numpy's,
+    each row by its own max), and the kernel's result equals the reference's."""
+    from jitgraph.ops.attention import PROBS_BLOCK, probs_size
+    from jitgraph.ops.common import apply
+    B, S, H, Hkv, D = 2, 40, 4, 2, 8
+    f = feeds(B, S, H, Hkv, D, "f64")
+    g = jg.Graph("st")
+    q, k, v = (g.input(n, f[n].shape, "f64") for n in "qkv")
+    g.output(st=apply("attention_store", q, k, v, scale=0.5),
+             y=ops.attention(q, k, v, scale=0.5))
+    ref = interp.run(g, f)
+    got = jg.compile(g).run(**f)
+    assert probs_size(S) == PROBS_BLOCK * PROBS_BLOCK + 8 * 40
+    nq, ne = B * S * H * D, B * H * probs_size(S)
+    assert ref["st"].shape == got["st"].shape == (nq + ne + B * H * S,)
+    np.testing.assert_allclose(ref["st"][:nq], ref["y"].ravel(), atol=1e-13)
+    np.testing.assert_allclose(got["st"], ref["st"], rtol=1e-11, atol=1e-13)
+    kk = np.repeat(f["k"], H // Hkv, axis=2)
+    sc = np.einsum("bihd,bjhd->bhij", f["q"], kk) * 0.5
+    sc = np.where(np.tril(np.ones((S, S), bool)), sc, -np.inf)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    e = ref["st"][nq:nq + ne].reshape(B, H, -1)
+    r = ref["st"][nq + ne:].reshape(B, H, S)
+    at = 0
+    for i0 in range(0, S, PROBS_BLOCK):
+        m = min(PROBS_BLOCK, S - i0)
+        blk = e[:, :, at:at + m * (i0 + m)].reshape(B, H, m, i0 + m)
+        assert blk.max() == 1.0                    # shifted by the block's largest score
+        np.testing.assert_allclose(blk * r[:, :, i0:i0 + m, None], p[:, :, i0:i0 + m, :i0 + m],
+                                   atol=1e-14)
+        at += m * (i0 + m)
+
+
+def test_the_pass_keeps_small_probabilities_only(monkeypatch):
+    """Above STORE_MAX_BYTES, and for a backend that does not lower the pair (CUDA's kinds),
+    the recompute stays; the autodiff report says what was stored."""
+    from jitgraph.passes import attention as pa
+    from jitgraph.runtime.cuda.backend import KINDS
+    f = feeds(2, 40, 4, 2, 8, "f32")
+    g = jg.grad(params_graph(f, "f32"), "loss")
+    assert pa.store_attention_probs(g, KINDS) == (g, {})
+    g2, stats = pa.store_attention_probs(g)
+    assert stats["attention_probs_stored"] == 1
+    assert "attention_back" not in {n.op for n in g2.nodes}
+    monkeypatch.setattr(pa, "STORE_MAX_BYTES", 2 * 4 * pa.probs_size(40) * 4 - 1)  # B H p f32
+    assert pa.store_attention_probs(g) == (g, {})
+    rep = jg.compile(params_graph(f, "f32"), loss="loss")._products.reports
+    auto = next(r for r in rep if r.name == "autodiff")
+    assert "attention_probs_stored" not in auto.stats
 
 
 def test_shape_errors_name_the_operands():

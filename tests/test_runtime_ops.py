@@ -248,12 +248,17 @@ def test_kv_cache_ops_match_interpreter(dt):
 
 
 def attention_graph(dt):
-    """attention (GQA, 4 query heads over 2) and attention_back on a given output gradient."""
+    """attention (GQA, 4 query heads over 2) and attention_back on a given output gradient;
+    the stored pair (attention_store: its output part; attention_back_stored: the gradients;
+    its probabilities are the kernel's own unnormalised form, checked in test_attention.py)."""
     g = jg.Graph(f"attention_{dt}")
     q, k, v = (g.input(n, (2, 7, h, 5), dt) for n, h in (("q", 4), ("k", 2), ("v", 2)))
     o = jg.attention(q, k, v)
-    g.output(o=o, back=jg.ops.apply("attention_back", q, k, v, o, g.input("go", o.shape, dt),
-                                    scale=0.6))
+    go = g.input("go", o.shape, dt)
+    st = jg.ops.apply("attention_store", q, k, v, scale=0.6)
+    g.output(o=o, back=jg.ops.apply("attention_back", q, k, v, o, go, scale=0.6),
+             o_stored=jg.slice(st, (0, o.type.size)),
+             back_stored=jg.ops.apply("attention_back_stored", q, k, v, st, go, scale=0.6))
     return g
 
 

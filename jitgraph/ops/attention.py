@@ -15,6 +15,20 @@ Layout: token-major, the projections' own, so no permute is needed on either sid
   attention_back(q, k, v, out, dout, scale) -> a flat [B S (H + 2 Hkv) D]: dq, then dk, then
   dv, each C-ordered in its operand's shape (one op, one pass: dk and dv sum over the query
   heads sharing them); the vjp takes the three apart with contiguous slices and reshapes.
+
+Stored probabilities (passes/attention.py puts this pair in place of the one above in a training
+graph when the probabilities are small enough): the forward keeps what the backward would
+recompute, flash attention's trade undone where memory allows it:
+  attention_store(q, k, v, scale) -> a flat [B S H D + B H probs_size(S) + B H S]: out, then
+  the causal softmax probabilities p[b, h, i, j] = e[b, h, i, j] r[b, h, i] as e, blocked (for
+  each (b, h) the query rows in blocks of PROBS_BLOCK, i0 .. i0 + m, each block m x (i0 + m):
+  the keys its rows can see, 0 past each row's own; C-ordered, one block after the other),
+  then r [B, H, S]: e = e^(s - c), c the largest score any row of the block sees, r = 1 /
+  the row's sum of e (the kernels' one flat pass over a block); a row whose sum falls below
+  REDO_BELOW (2^-50) takes its own largest score as c, as does every row of a block holding
+  a NaN or an infinity (c 0 when the row's own is not finite either).
+  attention_back_stored(q, k, v, stored, dout, scale) -> attention_back's flat gradients,
+  reading out, e and r from `stored` instead of recomputing the scores and their exps.
 """
 from __future__ import annotations
 
@@ -78,10 +92,14 @@ def _attention_ref(a, q, k, v):
 
 
 def _back_ref(a, q, k, v, out, dout):
+    p, kk = _probs(q, k, a["scale"])
+    return _back_from_probs(a, q, k, v, p, kk, out, dout)
+
+
+def _back_from_probs(a, q, k, v, p, kk, out, dout):
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     rep = H // Hkv
-    p, kk = _probs(q, k, a["scale"])
     vv = np.repeat(v, rep, axis=2)
     dp = np.einsum("bihd,bjhd->bhij", dout, vv)
     rows = np.einsum("bihd,bihd->bhi", dout, out)[..., None]    # = sum_j p_ij dp_ij
@@ -90,6 +108,98 @@ def _back_ref(a, q, k, v, out, dout):
     dk = np.einsum("bhij,bihd->bjhd", ds, q).reshape(B, S, Hkv, rep, D).sum(3)
     dv = np.einsum("bhij,bihd->bjhd", p, dout).reshape(B, S, Hkv, rep, D).sum(3)
     return np.concatenate([dq.ravel(), dk.ravel(), dv.ravel()]).astype(q.dtype)
+
+
+PROBS_BLOCK = 32      # query rows per block of attention_store's probabilities
+
+
+def _blocks(S):
+    """(first row i0, rows m) of each block of PROBS_BLOCK query rows."""
+    return [(i0, min(PROBS_BLOCK, S - i0)) for i0 in range(0, S, PROBS_BLOCK)]
+
+
+def probs_size(S: int) -> int:
+    """Elements of one (batch, head)'s blocked probabilities: each block m x (i0 + m)."""
+    return sum(m * (i0 + m) for i0, m in _blocks(S))
+
+
+def _store_infer(args, a):
+    q, k, v = args
+    _check(q, k, v, "attention_store")
+    B, S, H, _ = q.shape
+    return TensorType(q.dtype, (q.type.size + B * H * (probs_size(S) + S),))
+
+
+REDO_BELOW = 2.0 ** -50
+
+
+def _exps(s, valid):
+    """(e, r) of one block of scores s [m, n] (valid: the keys each row sees), as above."""
+    with np.errstate(all="ignore"):
+        c = np.max(np.where(valid, s, -np.inf))
+        if np.isfinite(c):
+            e = np.where(valid, np.exp(s - c), 0).astype(s.dtype)
+            own = e.sum(1) < REDO_BELOW
+        else:
+            own = np.ones(len(s), bool)
+            e = np.zeros_like(s)
+        if own.any():
+            cr = np.max(np.where(valid, s, -np.inf), axis=1, keepdims=True)
+            cr = np.where(np.isfinite(cr), cr, 0).astype(s.dtype)
+            e[own] = np.where(valid, np.exp(s - cr), 0)[own]
+        return e, (1 / e.sum(1)).astype(s.dtype)
+
+
+def _store_ref(a, q, k, v):
+    p, kk = _probs(q, k, a["scale"])
+    vv = np.repeat(v, q.shape[2] // k.shape[2], axis=2)
+    out = np.einsum("bhij,bjhd->bihd", p, vv)
+    B, S, H, _ = q.shape
+    sc = np.einsum("bihd,bjhd->bhij", q, kk) * np.asarray(a["scale"], q.dtype)
+    e = np.zeros((B, H, probs_size(S)), q.dtype)
+    r = np.zeros((B, H, S), q.dtype)
+    for b in range(B):
+        for h in range(H):
+            at = 0
+            for i0, m in _blocks(S):
+                n = i0 + m
+                valid = np.arange(n)[None, :] <= np.arange(i0, n)[:, None]
+                eb, r[b, h, i0:n] = _exps(sc[b, h, i0:n, :n], valid)
+                e[b, h, at:at + m * n] = eb.ravel()
+                at += m * n
+    return np.concatenate([out.ravel(), e.ravel(), r.ravel()]).astype(q.dtype)
+
+
+def _unpack(q, stored):
+    """(out [B, S, H, D], p [B, H, S, S] = e r) from attention_store's flat result."""
+    B, S, H, _ = q.shape
+    n = B * H * probs_size(S)
+    out = stored[:q.size].reshape(q.shape)
+    flat = stored[q.size:q.size + n].reshape(B, H, -1)
+    r = stored[q.size + n:].reshape(B, H, S, 1)
+    p = np.zeros((B, H, S, S), stored.dtype)
+    at = 0
+    for i0, m in _blocks(S):
+        p[:, :, i0:i0 + m, :i0 + m] = flat[:, :, at:at + m * (i0 + m)].reshape(B, H, m, i0 + m)
+        at += m * (i0 + m)
+    return out, p * r
+
+
+def _back_stored_infer(args, a):
+    q, k, v, stored, dout = args
+    _check(q, k, v, "attention_back_stored")
+    want = _store_infer((q, k, v), a)
+    if stored.type != want:
+        raise ShapeError(f"stored {stored} must be attention_store's result {want}")
+    if dout.shape != q.shape or dout.dtype != q.dtype:
+        raise ShapeError(f"dout {dout} must have q's type {q.type}")
+    return TensorType(q.dtype, (q.type.size + 2 * k.type.size,))
+
+
+def _back_stored_ref(a, q, k, v, stored, dout):
+    out, p = _unpack(q, stored)
+    kk = np.repeat(k, q.shape[2] // k.shape[2], axis=2)
+    return _back_from_probs(a, q, k, v, p, kk, out, dout)
 
 
 def _pairs(q):
@@ -120,6 +230,21 @@ register("attention_back", kind="opaque", arity=5, attrs={"scale": ("float", 1.0
          bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,
          doc="attention_back(q, k, v, out, dout, scale) -> flat [B S (H + 2 Hkv) D]: the "
              "gradients of attention with respect to q, k and v, one after the other")
+
+
+register("attention_store", kind="opaque", arity=3, attrs={"scale": ("float", 1.0)},
+         infer=_store_infer, ref=_store_ref,
+         flops=lambda ins, out, a: _pairs(ins[0]) * (4 * ins[0].shape[3] + 6),
+         bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,
+         doc="attention_store(q, k, v, scale) -> flat [B S H D + B H probs_size(S)]: attention's "
+             "output, then its probabilities in blocks of query rows (kept for "
+             "attention_back_stored; passes/attention.py)")
+register("attention_back_stored", kind="opaque", arity=5, attrs={"scale": ("float", 1.0)},
+         infer=_back_stored_infer, ref=_back_stored_ref,
+         flops=lambda ins, out, a: _pairs(ins[0]) * (6 * ins[0].shape[3] + 4),
+         bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,
+         doc="attention_back_stored(q, k, v, stored, dout, scale) -> attention_back's flat "
+             "gradients, reading the output and probabilities attention_store kept")
 
 
 def attention(q, k, v, scale=None):

@@ -640,8 +640,17 @@ def fsilu_back(x, g):
     xd = np.float64(x)
     xc = _clamp(xd, -200.0, 200.0)                # beyond: 0 (or g) in float32, for any
     #                                               float32 g (|g x| e^x < 2^-150 below -200)
-    q, k, s_c = _dsig_pair_fast(xc)
-    y = _mul(_mul(np.float64(g), _mul(q, _fma(xc, s_c, 1.0))), _pow2(k))
+    # e = e^-|x| >= e^-200 is a normal float64, so sigmoid and 1 - sigmoid are e / (1 + e) and
+    # 1 / (1 + e) directly (no exponent carried apart: _dsig_pair_fast's form ran 1.4x slower,
+    # 691 -> 486 us over 352k elements on one Zen 4 thread, the same bits on test_approx's inputs)
+    p, _, nf = _dexp_parts(-abs(xc))
+    e = _ldexp(p, nf)
+    r0 = 1.0 / _add(1.0, e)
+    er = _mul(e, r0)
+    neg = xc < 0.0
+    s = er if neg else r0
+    s_c = r0 if neg else er
+    y = _mul(_mul(np.float64(g), s), _fma(xc, s_c, 1.0))
     return F(y if abs(xd) < DINF else DNAN)
 
 

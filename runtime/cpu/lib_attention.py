@@ -46,6 +46,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from jitgraph.ops.attention import PROBS_BLOCK, REDO_BELOW
+
 from .approx import vexp
 from .blas import _N, _T, _xgemm, one_thread, restore_threads
 from .lib_common import _OPTS, PAR_MIN_WORK
@@ -56,7 +58,9 @@ _FAST = {**_OPTS, "fastmath": {"reassoc", "nsz", "contract"}}
 fkernel = njit(**_FAST)
 pfkernel = njit(parallel=True, **_FAST)
 
-BQ = 32     # query rows per block (stories260K's backward: 16 rows 4.3 ms, 32 3.4, 64 3.6)
+# query rows per block (stories260K's backward: 16 rows 4.3 ms, 32 3.4, 64 3.6); the blocks of
+# attention_store's probabilities are these blocks (jitgraph/ops/attention.py's layout)
+BQ = PROBS_BLOCK
 
 
 def workspace_size_attention(q_shape, k_shape):
@@ -106,8 +110,8 @@ def _row_max(row, n):
 # within |x - top| 2^-24 (float32) where x - rowmax rounded to |x - rowmax| 2^-24, below what
 # the scores carry from their GEMM (|x| 2^-24 and more): against float64 on the same float32
 # inputs the outputs' error is the same either way (stories260K's shape, q scaled 1 to 10:
-# 4.2e-7 to 6.7e-6 with the row's max, 4.2e-7 to 6.7e-6 with the block's).
-REDO_BELOW = 2.0 ** -50
+# 4.2e-7 to 6.7e-6 with the row's max, 4.2e-7 to 6.7e-6 with the block's). REDO_BELOW is
+# jitgraph/ops/attention.py's: attention_store's stored exps follow the same rule.
 
 
 @fkernel
@@ -226,6 +230,72 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
 
 
 @fkernel
+def _store_task(t, q, k, v, out, e, r, sct):
+    """_fwd_task, the exps of each block kept in `e` (attention_store's layout: (b, h) after
+    (b, h), blocks one after the other) and the rows' 1 / sums in r [B, H, S]."""
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    b, g, rep = _task(t, q, k)
+    per = e.shape[0] // (B * H)
+    for h in range(g * rep, (g + 1) * rep):
+        at = (b * H + h) * per
+        for i0 in range(0, S, BQ):
+            m, ncols = _block(S, i0)
+            blk = e[at:at + m * ncols].reshape((m, ncols))
+            at += m * ncols
+            inv = r[b, h, i0:i0 + m]
+            _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
+            _mm(out[b, i0:, h], H * D, blk, ncols, False, v[b, :, g], Hkv * D, False,
+                m, D, ncols, 1.0, 0.0)
+            for ii in range(m):
+                for d in range(D):
+                    out[b, i0 + ii, h, d] *= inv[ii]
+
+
+@fkernel
+def _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, dp, sct):
+    """_back_task on the stored exps: no scores, no exps; P = e r is formed in the dS pass
+    (never written back: the stored block stays as it is) and dv += e^T (r dO), the rows of
+    dO scaled by r in a small copy."""
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    b, g, rep = _task(t, q, k)
+    T = dq.dtype.type
+    per = e.shape[0] // (B * H)
+    gs = np.empty((min(BQ, S), D), dq.dtype)
+    for j in range(S):
+        for d in range(D):
+            dk[b, j, g, d] = 0.0
+            dv[b, j, g, d] = 0.0
+    for h in range(g * rep, (g + 1) * rep):
+        at = (b * H + h) * per
+        for i0 in range(0, S, BQ):
+            m, ncols = _block(S, i0)
+            blk = e[at:at + m * ncols].reshape((m, ncols))
+            at += m * ncols
+            dblk = dp[:m * ncols].reshape((m, ncols))
+            go = dout[b, i0:, h]
+            _mm(dblk, ncols, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
+            for ii in range(m):
+                i = i0 + ii
+                di = 0.0
+                for d in range(D):
+                    di += float(dout[b, i, h, d]) * float(out[b, i, h, d])
+                dit = T(di)
+                w = r[b, h, i]
+                for d in range(D):
+                    gs[ii, d] = dout[b, i, h, d] * w
+                prow, drow = blk[ii], dblk[ii]
+                for j in range(ncols):
+                    drow[j] = (prow[j] * w) * (drow[j] - dit) * sct
+            _mm(dq[b, i0:, h], H * D, dblk, ncols, False, k[b, :, g], Hkv * D, False, m, D, ncols,
+                1.0, 0.0)
+            _mm(dk[b, :, g], Hkv * D, dblk, ncols, True, q[b, i0:, h], H * D, False, ncols, D, m,
+                1.0, 1.0)
+            _mm(dv[b, :, g], Hkv * D, blk, ncols, True, gs, D, False, ncols, D, m, 1.0, 1.0)
+
+
+@fkernel
 def _slab(work, i, rows, S):
     """Task i's flat scratch, rows x S elements (its blocks are carved from the front)."""
     return work[i * rows * S:(i + 1) * rows * S]
@@ -272,4 +342,59 @@ def attention_back(q, k, v, out, dout, grad, work, scale):
         for t in range(tasks):
             _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, 2 * t, rows, S),
                        _slab(work, 2 * t + 1, rows, S), sct)
+    restore_threads(was)
+
+
+def workspace_size_attention_back_stored(q_shape, k_shape):
+    return workspace_size_attention(q_shape, k_shape)
+
+
+@pfkernel
+def attention_store(q, k, v, stored, scale):
+    """attention_store: attention's output, then its exps and the rows' factors (the layout of
+    jitgraph/ops/attention.py), into the flat `stored`."""
+    B, S, H, D = q.shape
+    nq = B * S * H * D
+    ne = stored.shape[0] - nq - B * H * S
+    out = stored[:nq].reshape((B, S, H, D))
+    e = stored[nq:nq + ne]
+    r = stored[nq + ne:nq + ne + B * H * S].reshape((B, H, S))
+    tasks = B * k.shape[2]
+    sct = stored.dtype.type(scale)
+    was = one_thread()
+    if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
+        for t in prange(tasks):
+            _store_task(t, q, k, v, out, e, r, sct)
+    else:
+        for t in range(tasks):
+            _store_task(t, q, k, v, out, e, r, sct)
+    restore_threads(was)
+
+
+@pfkernel
+def attention_back_stored(q, k, v, stored, dout, grad, work, scale):
+    """attention_back_stored: attention_back's gradients (flat: dq, dk, dv) from what
+    attention_store kept. work: workspace_size_attention_back_stored(q_shape, k_shape)."""
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    tasks = B * Hkv
+    nq, nk = B * S * H * D, B * S * Hkv * D
+    ne = stored.shape[0] - nq - B * H * S
+    out = stored[:nq].reshape((B, S, H, D))
+    e = stored[nq:nq + ne]
+    r = stored[nq + ne:nq + ne + B * H * S].reshape((B, H, S))
+    dq = grad[:nq].reshape((B, S, H, D))
+    dk = grad[nq:nq + nk].reshape((B, S, Hkv, D))
+    dv = grad[nq + nk:nq + 2 * nk].reshape((B, S, Hkv, D))
+    sct = grad.dtype.type(scale)
+    rows = min(BQ, S)
+    was = one_thread()
+    if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
+        for t in prange(tasks):
+            _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, _slab(work, t, rows, S),
+                              sct)
+    else:
+        for t in range(tasks):
+            _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, _slab(work, t, rows, S),
+                              sct)
     restore_threads(was)

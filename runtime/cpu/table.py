@@ -120,6 +120,10 @@ TABLE = {
     "attention_back": Library(
         "attention_back", lambda n: [n.attr["scale"]],
         lambda lib, shapes, n: lib.workspace_size_attention_back(*shapes[:2])),
+    "attention_store": Library("attention_store", lambda n: [n.attr["scale"]]),
+    "attention_back_stored": Library(
+        "attention_back_stored", lambda n: [n.attr["scale"]],
+        lambda lib, shapes, n: lib.workspace_size_attention_back_stored(*shapes[:2])),
     "max_pool2d": Library("max_pool2d", _pool),
     "max_pool2d_back": Library("max_pool2d_back", _pool),
     "avg_pool2d": Library("avg_pool2d", _pool),
