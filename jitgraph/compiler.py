@@ -22,7 +22,9 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     target: "cpu" (numba). fuse: group nodes into fused kernels (False: one kernel per node).
     plan_memory: liveness-based arena with in-place reuse (False: one buffer per value).
     checkpoint: None (keep every activation), "marks", "sqrt", or "budget:BYTES" /
-    "budget:FRACTION" of the unchecked arena (passes/checkpoint.py).
+    "budget:FRACTION" of the unchecked arena (passes/checkpoint.py). A training graph's
+    attention with small heads keeps its probabilities for the backward (passes/attention.py:
+    faster, a larger arena); a checkpoint policy recomputes them like any activation.
     seed: initial parameter values (graph.init_params(seed)).
     check_finite: a step whose loss, gradients or other float outputs hold NaN or Inf changes
     nothing (params, optimizer state, step count) and raises FloatingPointError naming the

@@ -12,11 +12,13 @@ when its heads are small (head_dim <= STORE_MAX_HEAD_DIM: the recompute costs 2 
 FLOPs and an exp per score, storing 8 bytes of traffic per score; at head_dim 64 the recompute
 is an efficient GEMM and storing only costs memory) and its probabilities take at most
 STORE_MAX_BYTES (B H probs_size(S) elements: they grow with the square of the sequence, where
-recomputing is the only choice). Measured, both programs stepping in turns in one process
-(2-core Zen 4, medians of 8 rounds of 10 steps): stories260K full finetuning (head_dim 8)
-50.1 -> 46.1 ms (a slow spell of the host; arena 58.2 -> 87.4 MB), LoRA 50.8 -> 43.9;
-llama_train (head_dim 32) 78.6 -> 75.1; transformer_block (head_dim 64) 46.8 -> 46.2, within
-noise, so left recomputing. The
+recomputing is the only choice). Measured on a 2-core Zen 4, both programs in one process
+stepping alternately (150 pairs; the median of each pair's ratio, which the shared host's
+drifts cancel out of): stories260K full finetuning (head_dim 8) 0.946x the time (arena 58.2
+-> 87.4 MB), LoRA 0.957x; the kernels alone over its 5 layers, per layer on two threads:
+forward 1.09 -> 1.26 ms (the exps now go to memory), backward 2.35 -> 1.75; llama_train
+(head_dim 32) 78.6 -> 75.1 ms in rounds of 10 steps; transformer_block (head_dim 64) 46.8 ->
+46.2, within noise, so left recomputing. The
 checkpoint pass may still drop `stored` and recompute it in the backward. A backend lowers the
 pair only when its `kinds` name "attention_store" (runtime/backend.py); otherwise, and in
 forward-only graphs, nothing changes. Results change by float rounding only (the forward

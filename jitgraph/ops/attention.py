@@ -236,9 +236,9 @@ register("attention_store", kind="opaque", arity=3, attrs={"scale": ("float", 1.
          infer=_store_infer, ref=_store_ref,
          flops=lambda ins, out, a: _pairs(ins[0]) * (4 * ins[0].shape[3] + 6),
          bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,
-         doc="attention_store(q, k, v, scale) -> flat [B S H D + B H probs_size(S)]: attention's "
-             "output, then its probabilities in blocks of query rows (kept for "
-             "attention_back_stored; passes/attention.py)")
+         doc="attention_store(q, k, v, scale) -> flat [B S H D + B H (probs_size(S) + S)]: "
+             "attention's output, then its probabilities p = e r (e in blocks of query rows, "
+             "then r per row), kept for attention_back_stored (passes/attention.py)")
 register("attention_back_stored", kind="opaque", arity=5, attrs={"scale": ("float", 1.0)},
          infer=_back_stored_infer, ref=_back_stored_ref,
          flops=lambda ins, out, a: _pairs(ins[0]) * (6 * ins[0].shape[3] + 4),

@@ -175,20 +175,48 @@ def _block(S, i0):
 
 @fkernel
 def _fwd_task(t, q, k, v, out, sc, sct):
-    B, S, H, D = q.shape
-    Hkv = k.shape[2]
+    S = q.shape[1]
     b, g, rep = _task(t, q, k)
     inv = np.empty(min(BQ, S), sc.dtype)
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
             blk = sc[:m * ncols].reshape((m, ncols))     # contiguous: _probs's flat max
-            _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
-            _mm(out[b, i0:, h], H * D, blk, ncols, False, v[b, :, g], Hkv * D, False,
-                m, D, ncols, 1.0, 0.0)
-            for ii in range(m):
-                for d in range(D):
-                    out[b, i0 + ii, h, d] *= inv[ii]
+            _fwd_block(q, k, v, out, b, h, g, i0, m, ncols, sct, blk, inv)
+
+
+@fkernel
+def _fwd_block(q, k, v, out, b, h, g, i0, m, ncols, sct, blk, inv):
+    """One block of query rows: its exps into blk (m x ncols), the rows' 1 / sums into inv,
+    out's rows = (blk v) inv."""
+    H, D = q.shape[2], q.shape[3]
+    Hkv = k.shape[2]
+    _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
+    _mm(out[b, i0:, h], H * D, blk, ncols, False, v[b, :, g], Hkv * D, False,
+        m, D, ncols, 1.0, 0.0)
+    for ii in range(m):
+        for d in range(D):
+            out[b, i0 + ii, h, d] *= inv[ii]
+
+
+@fkernel
+def _row_dot(dout, out, b, i, h):
+    """rowsum(dO * out) of query row i, head h (= sum_j p_ij dp_ij), summed in float64."""
+    di = 0.0
+    for d in range(out.shape[3]):
+        di += float(dout[b, i, h, d]) * float(out[b, i, h, d])
+    return out.dtype.type(di)
+
+
+@fkernel
+def _dq_dk(q, k, dq, dk, b, h, g, i0, m, ncols, dblk):
+    """dq rows of the block = dS k; dk += dS^T q (dS: dblk, m x ncols)."""
+    H, D = q.shape[2], q.shape[3]
+    Hkv = k.shape[2]
+    _mm(dq[b, i0:, h], H * D, dblk, ncols, False, k[b, :, g], Hkv * D, False, m, D, ncols,
+        1.0, 0.0)
+    _mm(dk[b, :, g], Hkv * D, dblk, ncols, True, q[b, i0:, h], H * D, False, ncols, D, m,
+        1.0, 1.0)
 
 
 @fkernel
@@ -196,12 +224,9 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     b, g, rep = _task(t, q, k)
-    T = dq.dtype.type
     inv = np.empty(min(BQ, S), sc.dtype)
-    for j in range(S):
-        for d in range(D):
-            dk[b, j, g, d] = 0.0
-            dv[b, j, g, d] = 0.0
+    dk[b, :, g] = 0.0
+    dv[b, :, g] = 0.0
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
@@ -212,20 +237,14 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
             _mm(dblk, ncols, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
             for ii in range(m):
                 i = i0 + ii
-                di = 0.0
-                for d in range(D):
-                    di += float(dout[b, i, h, d]) * float(out[b, i, h, d])
-                dit = T(di)
+                dit = _row_dot(dout, out, b, i, h)
                 w = inv[ii]
                 prow, drow = blk[ii], dblk[ii]
                 for j in range(ncols):
                     p = prow[j] * w
                     prow[j] = p
                     drow[j] = p * (drow[j] - dit) * sct
-            _mm(dq[b, i0:, h], H * D, dblk, ncols, False, k[b, :, g], Hkv * D, False, m, D, ncols,
-                1.0, 0.0)
-            _mm(dk[b, :, g], Hkv * D, dblk, ncols, True, q[b, i0:, h], H * D, False, ncols, D, m,
-                1.0, 1.0)
+            _dq_dk(q, k, dq, dk, b, h, g, i0, m, ncols, dblk)
             _mm(dv[b, :, g], Hkv * D, blk, ncols, True, go, H * D, False, ncols, D, m, 1.0, 1.0)
 
 
@@ -233,23 +252,16 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
 def _store_task(t, q, k, v, out, e, r, sct):
     """_fwd_task, the exps of each block kept in `e` (attention_store's layout: (b, h) after
     (b, h), blocks one after the other) and the rows' 1 / sums in r [B, H, S]."""
-    B, S, H, D = q.shape
-    Hkv = k.shape[2]
+    B, S, H = q.shape[:3]
     b, g, rep = _task(t, q, k)
     per = e.shape[0] // (B * H)
     for h in range(g * rep, (g + 1) * rep):
         at = (b * H + h) * per
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
-            blk = e[at:at + m * ncols].reshape((m, ncols))
+            _fwd_block(q, k, v, out, b, h, g, i0, m, ncols, sct,
+                       e[at:at + m * ncols].reshape((m, ncols)), r[b, h, i0:i0 + m])
             at += m * ncols
-            inv = r[b, h, i0:i0 + m]
-            _probs(q, k, b, h, g, i0, m, ncols, sct, blk, inv)
-            _mm(out[b, i0:, h], H * D, blk, ncols, False, v[b, :, g], Hkv * D, False,
-                m, D, ncols, 1.0, 0.0)
-            for ii in range(m):
-                for d in range(D):
-                    out[b, i0 + ii, h, d] *= inv[ii]
 
 
 @fkernel
@@ -260,13 +272,10 @@ def _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, dp, sct):
     B, S, H, D = q.shape
     Hkv = k.shape[2]
     b, g, rep = _task(t, q, k)
-    T = dq.dtype.type
     per = e.shape[0] // (B * H)
     gs = np.empty((min(BQ, S), D), dq.dtype)
-    for j in range(S):
-        for d in range(D):
-            dk[b, j, g, d] = 0.0
-            dv[b, j, g, d] = 0.0
+    dk[b, :, g] = 0.0
+    dv[b, :, g] = 0.0
     for h in range(g * rep, (g + 1) * rep):
         at = (b * H + h) * per
         for i0 in range(0, S, BQ):
@@ -278,20 +287,14 @@ def _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, dp, sct):
             _mm(dblk, ncols, go, H * D, False, v[b, :, g], Hkv * D, True, m, ncols, D, 1.0, 0.0)
             for ii in range(m):
                 i = i0 + ii
-                di = 0.0
-                for d in range(D):
-                    di += float(dout[b, i, h, d]) * float(out[b, i, h, d])
-                dit = T(di)
+                dit = _row_dot(dout, out, b, i, h)
                 w = r[b, h, i]
                 for d in range(D):
                     gs[ii, d] = dout[b, i, h, d] * w
                 prow, drow = blk[ii], dblk[ii]
                 for j in range(ncols):
                     drow[j] = (prow[j] * w) * (drow[j] - dit) * sct
-            _mm(dq[b, i0:, h], H * D, dblk, ncols, False, k[b, :, g], Hkv * D, False, m, D, ncols,
-                1.0, 0.0)
-            _mm(dk[b, :, g], Hkv * D, dblk, ncols, True, q[b, i0:, h], H * D, False, ncols, D, m,
-                1.0, 1.0)
+            _dq_dk(q, k, dq, dk, b, h, g, i0, m, ncols, dblk)
             _mm(dv[b, :, g], Hkv * D, blk, ncols, True, gs, D, False, ncols, D, m, 1.0, 1.0)
 
 
@@ -319,18 +322,34 @@ def attention(q, k, v, out, work, scale):
     restore_threads(was)
 
 
+@fkernel
+def _grads(grad, q, k):
+    """(dq, dk, dv): the flat gradient buffer's three parts in their operands' shapes."""
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    nq, nk = B * S * H * D, B * S * Hkv * D
+    return (grad[:nq].reshape((B, S, H, D)), grad[nq:nq + nk].reshape((B, S, Hkv, D)),
+            grad[nq + nk:nq + 2 * nk].reshape((B, S, Hkv, D)))
+
+
+@fkernel
+def _stored(stored, q):
+    """(out, e, r): attention_store's flat result in parts (jitgraph/ops/attention.py)."""
+    B, S, H, D = q.shape
+    nq = B * S * H * D
+    ne = stored.shape[0] - nq - B * H * S
+    return (stored[:nq].reshape((B, S, H, D)), stored[nq:nq + ne],
+            stored[nq + ne:nq + ne + B * H * S].reshape((B, H, S)))
+
+
 @pfkernel
 def attention_back(q, k, v, out, dout, grad, work, scale):
     """attention_back: q, out, dout [B, S, H, D], k, v [B, S, Hkv, D] -> grad, flat: dq, dk, dv
     one after the other, each C-ordered in its operand's shape. work:
     workspace_size_attention_back(q_shape, k_shape) elements."""
     B, S, H, D = q.shape
-    Hkv = k.shape[2]
-    tasks = B * Hkv
-    nq, nk = B * S * H * D, B * S * Hkv * D
-    dq = grad[:nq].reshape((B, S, H, D))
-    dk = grad[nq:nq + nk].reshape((B, S, Hkv, D))
-    dv = grad[nq + nk:nq + 2 * nk].reshape((B, S, Hkv, D))
+    tasks = B * k.shape[2]
+    dq, dk, dv = _grads(grad, q, k)
     sct = grad.dtype.type(scale)
     rows = min(BQ, S)
     was = one_thread()
@@ -354,11 +373,7 @@ def attention_store(q, k, v, stored, scale):
     """attention_store: attention's output, then its exps and the rows' factors (the layout of
     jitgraph/ops/attention.py), into the flat `stored`."""
     B, S, H, D = q.shape
-    nq = B * S * H * D
-    ne = stored.shape[0] - nq - B * H * S
-    out = stored[:nq].reshape((B, S, H, D))
-    e = stored[nq:nq + ne]
-    r = stored[nq + ne:nq + ne + B * H * S].reshape((B, H, S))
+    out, e, r = _stored(stored, q)
     tasks = B * k.shape[2]
     sct = stored.dtype.type(scale)
     was = one_thread()
@@ -376,16 +391,9 @@ def attention_back_stored(q, k, v, stored, dout, grad, work, scale):
     """attention_back_stored: attention_back's gradients (flat: dq, dk, dv) from what
     attention_store kept. work: workspace_size_attention_back_stored(q_shape, k_shape)."""
     B, S, H, D = q.shape
-    Hkv = k.shape[2]
-    tasks = B * Hkv
-    nq, nk = B * S * H * D, B * S * Hkv * D
-    ne = stored.shape[0] - nq - B * H * S
-    out = stored[:nq].reshape((B, S, H, D))
-    e = stored[nq:nq + ne]
-    r = stored[nq + ne:nq + ne + B * H * S].reshape((B, H, S))
-    dq = grad[:nq].reshape((B, S, H, D))
-    dk = grad[nq:nq + nk].reshape((B, S, Hkv, D))
-    dv = grad[nq + nk:nq + 2 * nk].reshape((B, S, Hkv, D))
+    tasks = B * k.shape[2]
+    out, e, r = _stored(stored, q)
+    dq, dk, dv = _grads(grad, q, k)
     sct = grad.dtype.type(scale)
     rows = min(BQ, S)
     was = one_thread()
