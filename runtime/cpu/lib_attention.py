@@ -12,10 +12,14 @@ rows i0..i0+m, only the keys the block can see (j < i0 + m):
             non-finite score (_probs)
   backward  S and E again (recomputed: no S x S tensor is ever stored), P = E / rowsum(E)
             in the pass that forms dS, dP = dO V^T, dS = P (dP - rowsum(dO * out)) scale,
-            dq = dS K, dk += dS^T Q, dv += P^T dO
+            dq = dS K, dk^T += Q^T dS, dv^T += dO^T P
+  stored    (attention_store / attention_back_stored, passes/attention.py) the forward keeps
+            E and 1 / rowsum(E) in its output; the backward starts at dP
 Q, K, V and the gradients are read and written where they lie ([B, S, heads, D]: a head's rows
-are a strided matrix, and the GEMMs take the row stride); a task owns its kv head's dk and dv,
-so no two tasks write the same bytes. Inside the prange every GEMM runs on one BLAS thread (the
+are a strided matrix, and the GEMMs take the row stride), but for the kv head's K and V, which a
+task transposes once ([D, S]), and its dk and dv, summed transposed and written back once: no
+product with head_dim inside runs in OpenBLAS's transposed forms (see _transposed). A task owns
+its kv head's dk and dv, so no two tasks write the same bytes. Inside the prange every GEMM runs on one BLAS thread (the
 tasks are the parallelism). Scratch: BQ x S floats per task forward, twice that backward (per
 task, not per thread: numba's thread id and count are not cacheable in machine code); at most
 S / BQ times a score row per query, where the scores composed from primitives took S x S.
@@ -37,7 +41,9 @@ short loops ran in LLVM's remainder loops: 0.70 ns an element against 0.26 in a 
 session 14, AVX-512 Zen 4, in turns, medians: forward 2.33 -> 2.19 ms on one thread, 1.39 ->
 1.22 on two; backward 4.73 -> 4.61 and 2.71 -> 2.58. Tried and no faster
 (bench/README.md, session 8): the query heads sharing a kv head packed into one block (half
-the GEMM calls), and the block's query rows as the vector lanes.
+the GEMM calls), and the block's query rows as the vector lanes. K and V transposed once per
+task, dk and dv summed transposed (session 15): one thread, forward 2.19 -> 1.29 ms, backward
+4.61 -> 2.65; the width-128 llama's 1.55 and 3.58.
 """
 from __future__ import annotations
 
