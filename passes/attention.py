@@ -15,14 +15,14 @@ STORE_MAX_BYTES (B H probs_size(S) elements: they grow with the square of the se
 recomputing is the only choice). Measured on a 2-core Zen 4, both programs in one process
 stepping alternately (150 pairs; the median of each pair's ratio, which the shared host's
 drifts cancel out of): stories260K full finetuning (head_dim 8) 0.946x the time (arena 58.2
--> 87.4 MB), LoRA 0.957x; the kernels alone over its 5 layers, per layer on two threads:
-forward 1.09 -> 1.26 ms (the exps now go to memory), backward 2.35 -> 1.75; llama_train
-(head_dim 32) 78.6 -> 75.1 ms in rounds of 10 steps; transformer_block (head_dim 64) 46.8 ->
-46.2, within noise, so left recomputing. The
-checkpoint pass may still drop `stored` and recompute it in the backward. A backend lowers the
-pair only when its `kinds` name "attention_store" (runtime/backend.py); otherwise, and in
-forward-only graphs, nothing changes. Results change by float rounding only (the forward
-normalises the probabilities before the product with v, where attention scales the product).
+-> 87.4 MB), LoRA 0.957x; the kernels alone over its 5 layers, per layer on two threads
+(bench/attention_store.py): forward 0.99 -> 1.16 ms (the exps now go to memory), backward 1.71
+-> 1.27; llama_train (head_dim 32) 78.6 -> 75.1 ms in rounds of 10 steps; transformer_block
+(head_dim 64) 46.8 -> 46.2, within noise, so left recomputing. The checkpoint pass may still
+drop `stored` and recompute it in the backward. A backend lowers the pair only when its
+`kinds` name "attention_store" (runtime/backend.py); otherwise, and in forward-only graphs,
+nothing changes. The forward's output is attention's, bit for bit; the gradients change by
+float rounding only (P = e r formed in another order).
 """
 from __future__ import annotations
 
