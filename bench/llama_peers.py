@@ -16,8 +16,9 @@ training batches are random contiguous windows of the first 90 %, drawn once (se
 alike to every system; val loss is the mean over 20 fixed random batches of the tail 10 %.
 
 The systems train side by side, taking turns every `--block` steps, so a change of load on the
-machine hits all alike (each turn starts after a 0.1 s pause: SETTLE_S); ms/step is the median of the steps after the first 3 (torch.compile's
-first step compiles; its compile time is that step less the median), with its 25th percentile
+machine hits all alike (each turn starts after a 0.1 s pause: SETTLE_S); ms/step is the median
+of the steps after the first 3 (torch.compile's first step compiles; its compile time is that
+step less the median), with its 25th percentile
 and minimum, and the process's CPU time per step (median): with `--threads 1` that is the
 step's time on a core of its own, whatever else the machine runs. The host's sgemm rate
 (numpy's BLAS, 1024^3, median of 7) is printed with every table: on a shared machine it says

@@ -46,7 +46,7 @@ def store_attention_probs(graph, kinds=None):
         if a.op == "attention" and a.inputs == (q, k, v) and a.attrs == n.attrs:
             B, S, H, D = a.type.shape
             if D <= STORE_MAX_HEAD_DIM and \
-                    B * H * probs_size(S) * a.type.nbytes // a.type.size <= STORE_MAX_BYTES:
+                    B * H * probs_size(S) * a.type.np_dtype.itemsize <= STORE_MAX_BYTES:
                 chosen.setdefault(a.id, []).append(n.id)
     if not chosen:
         return graph, {}

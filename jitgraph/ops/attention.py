@@ -74,11 +74,15 @@ def _back_infer(args, a):
     return TensorType(q.dtype, (q.type.size + 2 * k.type.size,))
 
 
-def _probs(q, k, scale):
+def _scores(q, k, scale):
+    """scale q k^T [B, H, S, S] (unmasked) and the repeated k [B, S, H, D]."""
+    kk = np.repeat(k, q.shape[2] // k.shape[2], axis=2)
+    return np.einsum("bihd,bjhd->bhij", q, kk) * np.asarray(scale, q.dtype), kk
+
+
+def _probs(q, k, scale, scores=None):
     """p [B, H, S, S] (causal softmax of the scores) and the repeated k [B, S, H, D]."""
-    rep = q.shape[2] // k.shape[2]
-    kk = np.repeat(k, rep, axis=2)
-    s = np.einsum("bihd,bjhd->bhij", q, kk) * np.asarray(scale, q.dtype)
+    s, kk = _scores(q, k, scale) if scores is None else scores
     S = q.shape[1]
     s = np.where(np.triu(np.ones((S, S), bool), 1), -np.inf, s)
     e = np.exp(s - s.max(-1, keepdims=True))
@@ -151,11 +155,12 @@ def _exps(s, valid):
 
 
 def _store_ref(a, q, k, v):
-    p, kk = _probs(q, k, a["scale"])
+    scores = _scores(q, k, a["scale"])
+    p, _ = _probs(q, k, a["scale"], scores)
     vv = np.repeat(v, q.shape[2] // k.shape[2], axis=2)
     out = np.einsum("bhij,bjhd->bihd", p, vv)
     B, S, H, _ = q.shape
-    sc = np.einsum("bihd,bjhd->bhij", q, kk) * np.asarray(a["scale"], q.dtype)
+    sc = scores[0]
     e = np.zeros((B, H, probs_size(S)), q.dtype)
     r = np.zeros((B, H, S), q.dtype)
     for b in range(B):

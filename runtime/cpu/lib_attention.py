@@ -16,11 +16,11 @@ rows i0..i0+m, only the keys the block can see (j < i0 + m):
   stored    (attention_store / attention_back_stored, passes/attention.py) the forward keeps
             E and 1 / rowsum(E) in its output; the backward starts at dP
 Q, K, V and the gradients are read and written where they lie ([B, S, heads, D]: a head's rows
-are a strided matrix, and the GEMMs take the row stride), but for the kv head's K and V, which a
-task transposes once ([D, S]), and its dk and dv, summed transposed and written back once: no
-product with head_dim inside runs in OpenBLAS's transposed forms (see _transposed). A task owns
-its kv head's dk and dv, so no two tasks write the same bytes. Inside the prange every GEMM runs on one BLAS thread (the
-tasks are the parallelism). Scratch: BQ x S floats per task forward, twice that backward (per
+are a strided matrix, and the GEMMs take the row stride), but for the kv head's K and V, which
+a task transposes once ([D, S]), and its dk and dv, summed transposed and written back once:
+no product with head_dim inside runs in OpenBLAS's transposed forms (see _transposed). A task
+owns its kv head's dk and dv, so no two tasks write the same bytes. Inside the prange every
+GEMM runs on one BLAS thread (the tasks are the parallelism). Scratch: BQ x S floats per task forward, twice that backward (per
 task, not per thread: numba's thread id and count are not cacheable in machine code); at most
 S / BQ times a score row per query, where the scores composed from primitives took S x S.
 
@@ -124,8 +124,7 @@ def _row_max(row, n):
 def _probs(q, kt, b, h, i0, m, ncols, sct, sc, inv):
     """sc: the block's m x ncols scores, contiguous (row ii: query i0 + ii), = scale * q[b,
     i0:i0+m, h] kt[:, :ncols] (one GEMM; kt [D, S]: the kv head's keys transposed, see
-    _transposed), the keys past each row's own position set to
-    -inf; then every entry -> e^(x - top) with top the max over the whole block (one flat max
+    _transposed), the keys past each row's own position set to -inf; then every entry -> e^(x - top) with top the max over the whole block (one flat max
     pass and one flat exp pass over the contiguous block: they vectorise in full, where loops
     over rows of 32 to 128 keys spent their time in remainders; the masked entries come out
     0). Not normalised: inv[ii] = 1 / the row's sum, which the caller folds into what it
@@ -339,22 +338,11 @@ def _slab(work, i, rows, S):
     return work[i * rows * S:(i + 1) * rows * S]
 
 
-@pfkernel
-def attention(q, k, v, out, work, scale):
-    """attention: q [B, S, H, D], k and v [B, S, Hkv, D] -> out [B, S, H, D], causal, query head
-    h over kv head h // (H / Hkv). work: workspace_size_attention(q_shape, k_shape) elements."""
+@fkernel
+def _parallel(q, k):
+    """Run the (batch, kv head) tasks in a prange: more than one, and work enough."""
     B, S, H, D = q.shape
-    tasks = B * k.shape[2]
-    sct = out.dtype.type(scale)
-    rows = min(BQ, S)
-    was = one_thread()
-    if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
-        for t in prange(tasks):
-            _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
-    else:
-        for t in range(tasks):
-            _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
-    restore_threads(was)
+    return B * k.shape[2] > 1 and B * H * S * S * D >= PAR_MIN_WORK
 
 
 @fkernel
@@ -378,17 +366,35 @@ def _stored(stored, q):
 
 
 @pfkernel
+def attention(q, k, v, out, work, scale):
+    """attention: q [B, S, H, D], k and v [B, S, Hkv, D] -> out [B, S, H, D], causal, query head
+    h over kv head h // (H / Hkv). work: workspace_size_attention(q_shape, k_shape) elements."""
+    B, S = q.shape[0], q.shape[1]
+    tasks = B * k.shape[2]
+    sct = out.dtype.type(scale)
+    rows = min(BQ, S)
+    was = one_thread()
+    if _parallel(q, k):
+        for t in prange(tasks):
+            _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
+    else:
+        for t in range(tasks):
+            _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
+    restore_threads(was)
+
+
+@pfkernel
 def attention_back(q, k, v, out, dout, grad, work, scale):
     """attention_back: q, out, dout [B, S, H, D], k, v [B, S, Hkv, D] -> grad, flat: dq, dk, dv
     one after the other, each C-ordered in its operand's shape. work:
     workspace_size_attention_back(q_shape, k_shape) elements."""
-    B, S, H, D = q.shape
+    B, S = q.shape[0], q.shape[1]
     tasks = B * k.shape[2]
     dq, dk, dv = _grads(grad, q, k)
     sct = grad.dtype.type(scale)
     rows = min(BQ, S)
     was = one_thread()
-    if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
+    if _parallel(q, k):
         for t in prange(tasks):
             _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, 2 * t, rows, S),
                        _slab(work, 2 * t + 1, rows, S), sct)
@@ -407,12 +413,11 @@ def workspace_size_attention_back_stored(q_shape, k_shape):
 def attention_store(q, k, v, stored, scale):
     """attention_store: attention's output, then its exps and the rows' factors (the layout of
     jitgraph/ops/attention.py), into the flat `stored`."""
-    B, S, H, D = q.shape
     out, e, r = _stored(stored, q)
-    tasks = B * k.shape[2]
+    tasks = q.shape[0] * k.shape[2]
     sct = stored.dtype.type(scale)
     was = one_thread()
-    if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
+    if _parallel(q, k):
         for t in prange(tasks):
             _store_task(t, q, k, v, out, e, r, sct)
     else:
@@ -425,14 +430,14 @@ def attention_store(q, k, v, stored, scale):
 def attention_back_stored(q, k, v, stored, dout, grad, work, scale):
     """attention_back_stored: attention_back's gradients (flat: dq, dk, dv) from what
     attention_store kept. work: workspace_size_attention_back_stored(q_shape, k_shape)."""
-    B, S, H, D = q.shape
+    B, S = q.shape[0], q.shape[1]
     tasks = B * k.shape[2]
     out, e, r = _stored(stored, q)
     dq, dk, dv = _grads(grad, q, k)
     sct = grad.dtype.type(scale)
     rows = min(BQ, S)
     was = one_thread()
-    if tasks > 1 and B * H * S * S * D >= PAR_MIN_WORK:
+    if _parallel(q, k):
         for t in prange(tasks):
             _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, _slab(work, t, rows, S),
                               sct)
