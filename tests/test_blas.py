@@ -219,13 +219,16 @@ def test_serial_bound_follows_the_load(monkeypatch):
     assert probe(0.1, 1 * ms) == Q                            # 1 % of the interval waiting
     assert probe(0.11, 1 * ms) == Q and delays == [1 * ms]    # not due: no probe
     delays.clear()
-    assert probe(0.2, 11 * ms) == Q                           # 10 % once: a burst
-    assert probe(0.3, 12 * ms) == Q
-    assert probe(0.4, 22 * ms) == Q and probe(0.5, 32 * ms) == B   # twice running: busy
-    assert probe(0.6, 32 * ms) == B and probe(5.4, 32.1 * ms) == B  # held (a stale interval)
-    assert probe(5.6, 32.1 * ms) == Q                         # the hold is over
+    assert probe(0.2, 26 * ms) == Q                           # 25 % once: a burst
+    assert probe(0.3, 27 * ms) == Q
+    assert probe(0.4, 37 * ms) == Q and probe(0.5, 47 * ms) == Q   # 10 % twice: not busy
+    assert probe(0.6, 72 * ms) == Q and probe(0.7, 97 * ms) == B   # 25 % twice running: busy
+    hold_end = 0.7 + blas.HOLD_SECONDS
+    assert probe(0.8, 97 * ms) == B                           # held
+    assert probe(hold_end - 0.1, 97.1 * ms) == B              # held (a stale interval)
+    assert probe(hold_end + 0.1, 97.1 * ms) == Q              # the hold is over
     # a stale interval (a compile between steps) is not judged, however long its wait
-    assert probe(7.0, 900 * ms) == Q and probe(7.1, 911 * ms) == Q and probe(7.2, 922 * ms) == B
+    assert probe(7.0, 900 * ms) == Q and probe(7.1, 925 * ms) == Q and probe(7.2, 950 * ms) == B
     # an interval begun on another thread is not judged (each thread has its own run delay)
     blas._probe.update(hold=0.0, waited=False)
     probe(12.6, 1000 * ms)

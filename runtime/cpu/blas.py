@@ -224,8 +224,17 @@ def _setting(symbol, value):
 # finetuning 58.6 ms at 2^22, 57.1 at 2^21, 58.5 at 2^20; LoRA 37.0, 35.8, 37.1 (below 2^21
 # the pool's threads, asleep after the serial kernels between, cost more than the bands gain);
 # the MNIST MLP, CNN and llama_train steps the same at 2^22 and 2^21 (within 1.5 %).
+# RUN_DELAY_BUSY was 0.05 and HOLD_SECONDS 5 until session 16. A busy machine is far above
+# 0.05: with one spinning process beside a full finetuning step on the 2 cores the steps'
+# thread waited 0.34-0.41 of the wall time (steps 108-158 ms with the busy bound, 175 ms
+# with the quiet one). But 0.077 and 0.098 were seen on a machine otherwise idle, during
+# bench/llama_peers.py's turns (the parent's pipe, a sampler, a kernel thread), and each
+# such pair held the busy bound for 5 s, renewed by the next such pair: a whole side-by-side
+# row at 44-49 ms a step against 30 quiet (the busy bound on a quiet machine: 49-57 ms
+# against 37 for the same program in one process). 0.2 keeps a margin either side; a 2 s
+# hold costs a loaded machine two probe intervals of quiet-bound steps every 2 s.
 QUIET_BOUND, BUSY_BOUND = 1 << 21, 1 << 26
-PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 5.0, 0.05, 0.5
+PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 2.0, 0.2, 0.5
 _FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
 SERIAL_MAX_WORK = int(_FIXED or QUIET_BOUND)
 _SERIAL_MAX, _serial_max = _setting("jitgraph_blas_serial_max", SERIAL_MAX_WORK)
