@@ -259,6 +259,18 @@ def base(graph: Graph, nid: int) -> int:
     return nid
 
 
+def view_offset(graph: Graph, nid: int) -> int:
+    """Bytes from the start of base(graph, nid)'s buffer to value `nid` (views: a window
+    starts `offset` elements in; reshape and marks start where their operand does)."""
+    off = 0
+    while op_kind(graph.nodes[nid].op) == "view":
+        n = graph.nodes[nid]
+        if n.op == "window":
+            off += n.attr["offset"] * n.type.np_dtype.itemsize
+        nid = n.inputs[0]
+    return off
+
+
 def live_nodes(graph: Graph, roots=None) -> frozenset:
     """Nodes reachable backwards from `roots` (default: the outputs and the updates)."""
     todo = list(graph.outputs.values()) + list(graph.updates.values()) if roots is None else \

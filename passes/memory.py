@@ -33,11 +33,11 @@ passes/memory_check.py verifies a plan independently.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from jitgraph.ir import LEAF_OPS, base, op_kind
+from jitgraph.ir import LEAF_OPS, base, op_kind, view_offset
 from jitgraph.registry import get_op
 
 from .boundary import PREFIX, boundary_values
@@ -243,8 +243,9 @@ def _inplace_operand(kg, kernel, t, ivs, kept):
     same = {}
     for m in kernel.nodes:
         for i in g.nodes[m].inputs:
-            b = base(g, i)
-            same[b] = same.get(b, True) and g.nodes[i].type == root.type
+            b = base(g, i)              # the whole buffer, read as the root's type (a
+            same[b] = same.get(b, True) and g.nodes[i].type == root.type and \
+                g.nodes[i].type.nbytes == g.nodes[b].type.nbytes   # window: part of it)
     for b, ok in same.items():
         if ok and b in ivs and ivs[b][1] == t and b not in kept:
             return b
@@ -370,7 +371,9 @@ def plan_memory(kg, params=None, reuse=True):
             slots[nid] = Slot("arena", int(off), g.nodes[nid].type.nbytes)
     for nid in kg.live:
         if op_kind(g.nodes[nid].op) == "view" and base(g, nid) in slots:
-            slots[nid] = slots[base(g, nid)]
+            s = slots[base(g, nid)]     # a window starts its offset further in (ir.view_offset)
+            slots[nid] = replace(s, offset=s.offset + view_offset(g, nid),
+                                 nbytes=g.nodes[nid].type.nbytes)
     prof = live_bytes(g, ivs, max(len(kg.kernels), 1))
     plan = MemoryPlan(slots, int(arena), persist, params, copies, inplace, reuses, ivs,
                       naive_bytes=sum(_align(g.nodes[i].type.nbytes) for i in ivs),

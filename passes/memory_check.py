@@ -17,7 +17,7 @@ Every slot must lie inside its region. Errors name the values, their slots and l
 """
 from __future__ import annotations
 
-from jitgraph.ir import LEAF_OPS
+from jitgraph.ir import LEAF_OPS, view_offset
 from jitgraph.registry import get_op
 
 
@@ -56,7 +56,14 @@ def check_plan(kg, plan) -> None:
         assert 0 <= s.offset and s.offset + s.nbytes <= size and \
             s.nbytes >= g.nodes[nid].type.nbytes, \
             f"{g.label(nid)}: slot {s} outside its region ({size} B) or too small"
-        if s.region != "arena" or _kind(g, nid) == "view":
+        if _kind(g, nid) == "view":
+            b = plan.slots.get(_root(g, nid))
+            assert b is not None and (s.region, s.pointer) == (b.region, b.pointer) and \
+                s.offset == b.offset + view_offset(g, nid) and \
+                s.offset + s.nbytes <= b.offset + b.nbytes, \
+                f"{g.label(nid)}: view slot {s} is not its range of its operand's slot {b}"
+            continue
+        if s.region != "arena":
             continue
         first = 0 if g.nodes[nid].op == "input" else written[nid]
         end = n_steps - 1 if nid in kept else last.get(nid, first)
@@ -117,7 +124,8 @@ def _inplace_ok(g, kg, plan, old, new, span):
     reads = [i for m in k.nodes for i in g.nodes[m].inputs if _root(g, i) == old]
     kept = {_root(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
     return bool(reads) and old not in kept and \
-        all(g.nodes[i].type == g.nodes[new].type for i in reads)
+        all(g.nodes[i].type == g.nodes[new].type and
+            g.nodes[i].type.nbytes == g.nodes[old].type.nbytes for i in reads)
 
 
 def _check_arena(g, kg, plan, span):

@@ -21,8 +21,10 @@ Stages and their switches (jitgraph.compile arguments):
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
   checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
               passes/checkpoint.py), measuring each candidate with `plan` below
-then the plan of the finished graph (`plan`: the same three stages with the same options
+then the plan of the finished graph (`plan`: the same four stages with the same options
 wherever the arena is measured):
+  views       on a backend whose kinds name "window" (the CPU): contiguous slices become
+              windows, views of their operand's buffer, not copies (passes/views.py)
   fuse        always: groups nodes into kernels (`fuse=False`: one kernel per node)
   schedule    with `plan_memory`: reorders independent kernels so buffers die early
   memory      always: assigns buffers (`plan_memory=True`: liveness, in-place reuse, one
@@ -46,6 +48,7 @@ from .optimizer import apply_optimizer
 from .patterns import recognise_patterns
 from .schedule import schedule
 from .simplify import simplify
+from .views import KIND as WINDOW, window_slices
 
 
 @dataclass
@@ -110,6 +113,11 @@ def _checkpoint(st):
     return rep
 
 
+def _views(st):
+    st.graph, rep = window_slices(st.graph, st.options.kinds)
+    return rep
+
+
 def _fuse(st):
     st.kernels, rep = group_kernels(st.graph, fuse=st.options.fuse, kinds=st.options.kinds)
     return rep
@@ -138,6 +146,7 @@ GRAPH_STAGES = [
     ("checkpoint", _checkpoint, lambda o: o.checkpoint is not None),
 ]
 PLAN_STAGES = [
+    ("views", _views, lambda o: o.kinds is None or WINDOW in o.kinds),
     ("fuse", _fuse, _always),
     ("schedule", _schedule, lambda o: o.plan_memory),
     ("memory", _memory, _always),

@@ -10,7 +10,9 @@ the target's backend; runtime/executor.py's Program runs what the backend built.
                 forms only those (Options.kinds) and the compiler refuses a kernel graph with
                 another. "attention_store": it lowers attention_store and
                 attention_back_stored, so autodiff may keep attention's probabilities
-                (passes/attention.py).
+                (passes/attention.py). "window": its kernels read a value at any offset
+                its slot gives (every CPU kernel takes an address), so contiguous slices
+                become views (passes/views.py).
   generate(kernels, plan) -> (module, source)
                 lowering: every kernel of the KernelGraph, in order, reading and writing values
                 where the MemoryPlan puts them (a region and offset; inputs and outputs through
@@ -79,7 +81,7 @@ class CPU:
     calling them (compiled by llvmlite)."""
     name = "cpu"
     kinds = frozenset(("node", "elementwise", "gemm", "gemm_accumulate", "rows", "reduce",
-                       "cross_entropy", "attention_store"))
+                       "cross_entropy", "attention_store", "window"))
 
     def __init__(self):
         from .cpu.threading import configure

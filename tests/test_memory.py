@@ -370,8 +370,9 @@ def test_transformer_block_target(fuse):
     # plans (naive 67.9 MB, arena 33.8 MB): the arena must stay at its lower bound and about
     # halve the naive plan. GEMMs accumulated into one output (passes/fuse.py) leave the
     # products they sum out of memory: naive 64.5 MB, the arena still 33.8 (its lower bound:
-    # those products were never live at the peak)
-    assert m.arena_bytes <= 0.53 * naive
+    # those products were never live at the peak). Contiguous slices read in place (windows,
+    # passes/views.py) leave their copies out of both: naive 61.4 MB, the arena 33.8
+    assert m.arena_bytes <= 0.56 * naive
     assert m.arena_bytes <= 1.02 * m.lower_bound
 
 

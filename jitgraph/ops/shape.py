@@ -106,6 +106,33 @@ register("slice", arity=1, kind="opaque", attrs={"slices": ("slices", ())}, infe
              "before index 0 with a negative step)")
 
 
+def _window_infer(args, a):
+    x, off, shape = args[0], a["offset"], a["shape"]
+    n = _prod(shape)
+    if off < 0 or any(d < 0 for d in shape) or off + n > x.type.size:
+        raise ShapeError(f"window of {list(shape)} ({n} elements) at element {off} of {x} "
+                         f"({x.type.size} elements): expected a range inside the operand")
+    return TensorType(x.dtype, tuple(shape))
+
+
+def _window_ref(a, x):
+    n = _prod(a["shape"])
+    return x.reshape(-1)[a["offset"]:a["offset"] + n].reshape(a["shape"])
+
+
+register("window", arity=1, kind="view", attrs={"offset": ("int", 0), "shape": ("ints", ())},
+         infer=_window_infer, ref=_window_ref,
+         doc="window(x) [offset, shape]: elements offset.. of x (C order) as `shape`, a view of "
+             "x's buffer (passes/views.py makes contiguous slices windows)")
+
+
+@defvjp("window")
+def _window_vjp(g, out, xs, a):
+    x, n = xs[0], g.type.size
+    flat = pad(reshape(g, (n,)), [(a["offset"], x.type.size - a["offset"] - n)])
+    return [reshape(flat, x.shape)]
+
+
 def _slice_back_infer(args, a):
     g = args[0]
     x = Arg("x", TensorType(g.dtype, a["shape"]))
