@@ -206,8 +206,9 @@ def _persistent(g, params):
 def caller_outputs(kg, persistent=()) -> dict:
     """output name -> the value it reads, for the outputs living in region "output" (written
     where the caller's array lies): a value a kernel writes, read by this output alone (one
-    pointer per buffer), neither an update's source nor written into a param (`persistent`).
-    Other outputs (an input, a param, a value two outputs or an update share) stay where they
+    pointer per buffer), neither an update's source nor written into a param (`persistent`),
+    and the whole of it. Other outputs (an input, a param, a value two outputs or an update
+    share, a window of a value: part of it) stay where they
     are and are copied out; update boundary values (`boundary/<param>`) live in their bucket."""
     g = kg.graph
     written = {nid for k in kg.kernels for nid in kg.outputs_of(k)}
@@ -216,7 +217,8 @@ def caller_outputs(kg, persistent=()) -> dict:
     return {name: b for name, b in zip(g.outputs, bases)
             if not name.startswith(PREFIX) and b in written and b not in updates and
             b not in persistent and bases.count(b) == 1
-            and g.nodes[b].op not in LEAF_OPS}
+            and g.nodes[b].op not in LEAF_OPS
+            and g.nodes[b].type.nbytes == g.nodes[g.outputs[name]].type.nbytes}  # no window
 
 
 def arena_intervals(kg, persistent=()) -> dict:

@@ -79,6 +79,8 @@ def elementwise_graph(dt):
         adam_step=apply("adam_step", q, a * 0.1 + q, p, lr, c1, c2, eps=1e-8, wd=0.01),
         big=jg.exp(jg.relu(big + bias)), reshape=jg.reshape(a, (5, 7)) * 2.0,
         checkpoint=apply("checkpoint", a) + 1.0, round_f16=jg.round_f16(a * 1e3),
+        window=apply("window", a * 3.0, offset=4, shape=(2, 3)),        # an output at an offset
+        window_read=apply("window", jg.exp(p), offset=17, shape=(3, 5)) * 2.0,
     )
     g.output(**o)
     return g

@@ -148,3 +148,19 @@ def test_training_through_windows_equals_the_interpreter():
     np.testing.assert_allclose(loss, ref["loss"], rtol=1e-6)
     np.testing.assert_allclose(prog.params["w"], wv - 0.1 * ref["grad/w"], rtol=1e-5, atol=1e-6)
     assert sum(n.op == "window" for n in prog._products.graph.nodes) >= 2
+
+
+def test_a_window_output_writes_only_its_range_into_the_callers_array():
+    """An output that is a window of a computed value is copied out of it: step_into writes
+    the window's elements into the caller's array and nothing past it (the value itself stays
+    in the arena, not in the caller's buffer)."""
+    g = jg.Graph("wout")
+    a = g.input("a", (4, 5), "f32")
+    g.output(y=apply("window", a * 3.0, offset=4, shape=(2, 3)))
+    prog = jg.compile(g)
+    av = np.arange(20, dtype=np.float32).reshape(4, 5)
+    buf = np.full((3, 3), -1.0, np.float32)
+    prog.step_into({"y": buf[:2]}, a=av)
+    np.testing.assert_array_equal(buf[:2], (3 * av).ravel()[4:10].reshape(2, 3))
+    assert (buf[2] == -1).all()
+    np.testing.assert_array_equal(prog.run(a=av)["y"], (3 * av).ravel()[4:10].reshape(2, 3))
