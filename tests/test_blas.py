@@ -272,7 +272,7 @@ def test_transposed_weight_copy_decision_and_results():
     assert not transpose_pays(False, True, 4096, 2048, 128)            # B too big to copy
     rng = np.random.default_rng(5)
     for dt, tol in (("f32", 1e-5), ("f64", 1e-12)):
-        for m, n, k in ((300, 40, 30), (256, 7, 256), (2048, 64, 8)):
+        for m, n, k in ((300, 40, 30), (256, 7, 256), (2048, 64, 8), (2048, 64, 64)):
             assert transpose_pays(False, True, m, n, k)
             g = jg.Graph("bt")
             x, w, b = g.input("x", (m, k), dt), g.input("w", (n, k), dt), g.input("b", (n,), dt)
@@ -286,6 +286,31 @@ def test_transposed_weight_copy_decision_and_results():
                 assert np.abs(out["y"] - want).max() <= tol * scale, (dt, m, n, k, fuse)
                 assert np.abs(out["z"] - np.maximum(want + bs, 0)).max() <= tol * scale, \
                     (dt, m, n, k, fuse)
+
+
+def test_gemm_bt_bands_copy_their_own_transpose_and_keep_the_bits():
+    """gemm_bt above the one-thread bound: each band's thread copies b^T into its own copy and
+    runs its band; busy (bands on this thread), one copy and the same bands: the same bits,
+    both equal to float64's product within float32 rounding."""
+    from jitgraph.runtime.cpu import blas
+    if blas._POOL.value < 2:
+        pytest.skip("one pool thread: no bands")
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((2048, 64), (172, 64)))
+    bts = np.full((blas.bt_copies(), 64, 172), np.nan, np.float32)
+    c1, c2 = np.empty((2048, 172), np.float32), np.empty((2048, 172), np.float32)
+    was = (blas._SERIAL_MAX.value, blas._BAND_MIN.value)
+    try:
+        blas._SERIAL_MAX.value = blas._BAND_MIN.value = blas.QUIET_BOUND
+        blas.gemm_bt(1.0, a, b, 0.0, c1, bts)
+        assert not np.isnan(bts).any()                        # every thread made its copy
+        blas._SERIAL_MAX.value = blas.BUSY_BOUND                # busy: bands on this thread
+        blas.gemm_bt(1.0, a, b, 0.0, c2, bts)
+    finally:
+        blas._SERIAL_MAX.value, blas._BAND_MIN.value = was
+    np.testing.assert_array_equal(c1, c2)
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.abs(c1 - want).max() <= 1e-5 * np.abs(want).max()
 
 
 @pytest.mark.parametrize("ta", [True, False], ids=["A transposed (k tiles)", "row tiles"])

@@ -312,13 +312,16 @@ def transpose_pays(ta, tb, m, n, k) -> bool:
 
 
 def transposed_weight(n, ws, rows, ncols, at=0):
-    """The scratch buffer for w's transpose (shape ws as stored) when matmul node n, writing
-    c[rows, ncols], runs as gemm_bt (transpose_pays), at byte `at`; else None."""
+    """The scratch buffer for w's transposes (shape ws as stored; one copy per pool thread,
+    blas.bt_copies) when matmul node n, writing c[rows, ncols], runs as gemm_bt
+    (transpose_pays), at byte `at`; else None."""
+    from .blas import bt_copies
     ta, tb = n.attr["ta"], n.attr["tb"]
     k = ws[1] if tb else ws[0]
     if not transpose_pays(ta, tb, rows, ncols, k):
         return None
-    return Workspace(k * ncols, n.type.dtype, (k, ncols), at)
+    copies = bt_copies()
+    return Workspace(copies * k * ncols, n.type.dtype, (copies, k, ncols), at)
 
 
 def gemm_call(n, xv, wv, out) -> Call:
