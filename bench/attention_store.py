@@ -47,8 +47,9 @@ def program(path, lora, store):
     return prog, feeds
 
 
-def steps(path, lora, pairs):
-    (a, fa), (b, fb) = program(path, lora, False), program(path, lora, True)
+def alternate(a, fa, b, fb, pairs):
+    """Programs a and b (with their feeds) stepped 3 times each, then `pairs` times in turns,
+    which of them goes first alternating: (ms per step of a, of b) as arrays, pair by pair."""
     for p, f in ((a, fa), (b, fb)):
         for _ in range(3):
             p.step(**f)
@@ -59,7 +60,12 @@ def steps(path, lora, pairs):
             t = time.perf_counter()
             p.step(**f)
             ts.append(time.perf_counter() - t)
-    ta, tb = np.array(ta) * 1e3, np.array(tb) * 1e3
+    return np.array(ta) * 1e3, np.array(tb) * 1e3
+
+
+def steps(path, lora, pairs):
+    (a, fa), (b, fb) = program(path, lora, False), program(path, lora, True)
+    ta, tb = alternate(a, fa, b, fb, pairs)
     r = tb / ta
     print(f"{'LoRA' if lora else 'full'} finetuning step, {pairs} pairs: recompute {np.median(ta):.1f}"
           f" ms, stored {np.median(tb):.1f} ms; stored / recompute per pair: median "
