@@ -64,7 +64,7 @@ class Slot:
 
 @dataclass
 class MemoryPlan:
-    slots: dict                 # node id -> Slot (views share their operand's slot)
+    slots: dict                 # node id -> Slot (a view: its range of its operand's slot)
     arena_bytes: int
     persist_bytes: int
     params: dict                # param name -> Slot in the persistent region
