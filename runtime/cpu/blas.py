@@ -479,6 +479,21 @@ def _bands_here(ta, tb, alpha, a, b, beta, c, parts, small):
         _band(p, parts, ta, tb, alpha, a, b, beta, c, small)
 
 
+# Where gemm (and gemm_bt) run a product c[m, n] (inner dimension k) in `parts` bands: WHOLE on
+# the calling thread up to the load-independent band bound, else in bands, on the pool (POOL)
+# above the load-following one-thread bound, one after another on the calling thread (HERE)
+# below it: the same bands, so the same bits, whatever the load.
+WHOLE, HERE, POOL = 0, 1, 2
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _where(m, n, k, parts):
+    """WHOLE, HERE or POOL for c[m, n] = op(a) op(b) with inner dimension k (see above)."""
+    if m * n * k <= _band_min() or parts <= 1:
+        return WHOLE
+    return POOL if m * n * k > _serial_max() else HERE
+
+
 @njit(cache=True, nogil=True)
 def gemm_one(ta, tb, alpha, a, b, beta, c):
     """gemm on the calling thread only (OpenBLAS's one thread, in tiles where they pay): for
@@ -501,11 +516,11 @@ def gemm(ta, tb, alpha, a, b, beta, c):
         return
     was = one_thread()
     parts = min(_pool_threads(), m)
-    if m * n * k > _band_min() and parts > 1:
-        if m * n * k > _serial_max():
-            _bands(ta, tb, alpha, a, b, beta, c, parts, _small_max())
-        else:
-            _bands_here(ta, tb, alpha, a, b, beta, c, parts, _small_max())
+    where = _where(m, n, k, parts)
+    if where == POOL:
+        _bands(ta, tb, alpha, a, b, beta, c, parts, _small_max())
+    elif where == HERE:
+        _bands_here(ta, tb, alpha, a, b, beta, c, parts, _small_max())
     else:
         _tiled(ta, tb, alpha, a, lda, b, ldb, beta, c, ldc, m, n, k, _small_max())
     restore_threads(was)
@@ -562,7 +577,7 @@ def gemm_bt(alpha, a, b, beta, c, bts):
     if not (m and n):
         return
     parts = min(_pool_threads(), m, bts.shape[0])
-    if m * n * k > _band_min() and parts > 1 and m * n * k > _serial_max():
+    if _where(m, n, k, parts) == POOL:
         was = one_thread()
         _bands_bt(alpha, a, b, beta, c, bts, parts, _small_max())
         restore_threads(was)
