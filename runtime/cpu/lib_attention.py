@@ -20,7 +20,9 @@ are a strided matrix, and the GEMMs take the row stride), but for the kv head's 
 a task transposes once ([D, S]), and its dk and dv, summed transposed and written back once:
 no product with head_dim inside runs in OpenBLAS's transposed forms (see _transposed). A task
 owns its kv head's dk and dv, so no two tasks write the same bytes. Inside the prange every
-GEMM runs on one BLAS thread (the tasks are the parallelism). Scratch: BQ x S floats per task forward, twice that backward (per
+GEMM runs on one BLAS thread (the tasks are the parallelism). Scratch, all of it carved from
+the caller's workspace (_task_words: the kernels allocate nothing): BQ x S floats per task for
+a block of scores (backward: and one of dP) and [D, S] for each transposed k, v, dk, dv (per
 task, not per thread: numba's thread id and count are not cacheable in machine code); at most
 S / BQ times a score row per query, where the scores composed from primitives took S x S.
 
@@ -49,7 +51,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from numba import njit, prange
 
 from jitgraph.ops.attention import PROBS_BLOCK, REDO_BELOW
@@ -69,12 +70,51 @@ pfkernel = njit(parallel=True, **_FAST)
 BQ = PROBS_BLOCK
 
 
+# Each (batch, kv head) task's scratch, carved from the kernel's workspace (the kernels allocate
+# nothing): PART elements of each kind, every part rounded up to ALIGN elements (64 bytes in
+# float32), in this order:
+#   attention              scores block [BQ, S], k^T [D, S], 1 / rowsums [BQ]
+#   attention_back         scores block, dP block, k^T, v^T, dk^T, dv^T, 1 / rowsums
+#   attention_store        k^T
+#   attention_back_stored  dP block, v^T, dk^T, dv^T, dO's rows scaled [BQ, D]
+# (blocks: BQ x S, D x S: a kv head's keys or values transposed, see _transposed).
+ALIGN = 16
+FWD, BACK, STORE, BACK_STORED = 0, 1, 2, 3
+
+
+@fkernel
+def _up(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@fkernel
+def _task_words(kind, S, D):
+    """Scratch elements of one task of kernel `kind` (FWD, BACK, STORE or BACK_STORED)."""
+    rows = min(BQ, S)
+    blk, t, small = _up(rows * S), _up(D * S), _up(rows)
+    if kind == FWD:
+        return blk + t + small
+    if kind == BACK:
+        return 2 * blk + 4 * t + small
+    if kind == STORE:
+        return t
+    return blk + 3 * t + _up(rows * D)
+
+
+def _workspace(kind, q_shape, k_shape):
+    return q_shape[0] * k_shape[2] * int(_task_words(kind, q_shape[1], q_shape[3]))
+
+
 def workspace_size_attention(q_shape, k_shape):
-    return q_shape[0] * k_shape[2] * min(BQ, q_shape[1]) * q_shape[1]
+    return _workspace(FWD, q_shape, k_shape)
 
 
 def workspace_size_attention_back(q_shape, k_shape):
-    return 2 * workspace_size_attention(q_shape, k_shape)
+    return _workspace(BACK, q_shape, k_shape)
+
+
+def workspace_size_attention_store(q_shape, k_shape):
+    return _workspace(STORE, q_shape, k_shape)
 
 
 @fkernel
@@ -185,14 +225,20 @@ def _block(S, i0):
 # dP = dO v^T 1.15-1.21 / dO vt 0.57-0.60; dk [80, 8] += dS^T q 1.02-1.12, as dk^T += q^T dS
 # 0.44-0.47).
 @fkernel
-def _transposed(x, b, g):
-    """x[b, :, g, :] ([S, D], rows strided) as a new contiguous [D, S]."""
+def _transposed(x, b, g, xt):
+    """xt [D, S] (contiguous) = x[b, :, g, :] ([S, D], rows strided) transposed; returns xt."""
     S, D = x.shape[1], x.shape[3]
-    xt = np.empty((D, S), x.dtype)
     for j in range(S):
         for d in range(D):
             xt[d, j] = x[b, j, g, d]
     return xt
+
+
+@fkernel
+def _part(slab, at, shape0, shape1):
+    """(the [shape0, shape1] array at element `at` of a task's slab, the next part's start)."""
+    n = shape0 * shape1
+    return slab[at:at + n].reshape((shape0, shape1)), at + _up(n)
 
 
 @fkernel
@@ -205,11 +251,14 @@ def _write_back(xt, x, b, g):
 
 
 @fkernel
-def _fwd_task(t, q, k, v, out, sc, sct):
-    S = q.shape[1]
+def _fwd_task(t, q, k, v, out, slab, sct):
+    S, D = q.shape[1], q.shape[3]
     b, g, rep = _task(t, q, k)
-    inv = np.empty(min(BQ, S), sc.dtype)
-    kt = _transposed(k, b, g)
+    rows = min(BQ, S)
+    sc = slab[:rows * S]
+    kt, at = _part(slab, _up(rows * S), D, S)
+    inv = slab[at:at + rows]
+    _transposed(k, b, g, kt)
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
@@ -251,12 +300,20 @@ def _dq_dk(q, k, dq, dkt, b, h, g, i0, m, ncols, dblk):
 
 
 @fkernel
-def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
+def _back_task(t, q, k, v, out, dout, dq, dk, dv, slab, sct):
     B, S, H, D = q.shape
     b, g, rep = _task(t, q, k)
-    inv = np.empty(min(BQ, S), sc.dtype)
-    kt, vt = _transposed(k, b, g), _transposed(v, b, g)
-    dkt, dvt = np.zeros((D, S), dq.dtype), np.zeros((D, S), dq.dtype)
+    rows = min(BQ, S)
+    sc, dp = slab[:rows * S], slab[_up(rows * S):_up(rows * S) + rows * S]
+    kt, at = _part(slab, 2 * _up(rows * S), D, S)
+    vt, at = _part(slab, at, D, S)
+    dkt, at = _part(slab, at, D, S)
+    dvt, at = _part(slab, at, D, S)
+    inv = slab[at:at + rows]
+    _transposed(k, b, g, kt)
+    _transposed(v, b, g, vt)
+    dkt[:, :] = 0.0
+    dvt[:, :] = 0.0
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
             m, ncols = _block(S, i0)
@@ -281,13 +338,13 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, sc, dp, sct):
 
 
 @fkernel
-def _store_task(t, q, k, v, out, e, r, sct):
+def _store_task(t, q, k, v, out, e, r, slab, sct):
     """_fwd_task, the exps of each block kept in `e` (attention_store's layout: (b, h) after
     (b, h), blocks one after the other) and the rows' 1 / sums in r [B, H, S]."""
-    B, S, H = q.shape[:3]
+    B, S, H, D = q.shape
     b, g, rep = _task(t, q, k)
     per = e.shape[0] // (B * H)
-    kt = _transposed(k, b, g)
+    kt = _transposed(k, b, g, _part(slab, 0, D, S)[0])
     for h in range(g * rep, (g + 1) * rep):
         at = (b * H + h) * per
         for i0 in range(0, S, BQ):
@@ -298,16 +355,22 @@ def _store_task(t, q, k, v, out, e, r, sct):
 
 
 @fkernel
-def _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, dp, sct):
+def _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, slab, sct):
     """_back_task on the stored exps: no scores, no exps; P = e r is formed in the dS pass
     (never written back: the stored block stays as it is) and dv += e^T (r dO), the rows of
     dO scaled by r in a small copy."""
     B, S, H, D = q.shape
     b, g, rep = _task(t, q, k)
     per = e.shape[0] // (B * H)
-    gs = np.empty((min(BQ, S), D), dq.dtype)
-    vt = _transposed(v, b, g)
-    dkt, dvt = np.zeros((D, S), dq.dtype), np.zeros((D, S), dq.dtype)
+    rows = min(BQ, S)
+    dp = slab[:rows * S]
+    vt, at = _part(slab, _up(rows * S), D, S)
+    dkt, at = _part(slab, at, D, S)
+    dvt, at = _part(slab, at, D, S)
+    gs = _part(slab, at, rows, D)[0]
+    _transposed(v, b, g, vt)
+    dkt[:, :] = 0.0
+    dvt[:, :] = 0.0
     for h in range(g * rep, (g + 1) * rep):
         at = (b * H + h) * per
         for i0 in range(0, S, BQ):
@@ -333,9 +396,10 @@ def _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, dp, sct):
 
 
 @fkernel
-def _slab(work, i, rows, S):
-    """Task i's flat scratch, rows x S elements (its blocks are carved from the front)."""
-    return work[i * rows * S:(i + 1) * rows * S]
+def _slab(work, t, kind, S, D):
+    """Task t's flat scratch in the workspace of kernel `kind` (_task_words elements)."""
+    n = _task_words(kind, S, D)
+    return work[t * n:(t + 1) * n]
 
 
 @fkernel
@@ -369,17 +433,16 @@ def _stored(stored, q):
 def attention(q, k, v, out, work, scale):
     """attention: q [B, S, H, D], k and v [B, S, Hkv, D] -> out [B, S, H, D], causal, query head
     h over kv head h // (H / Hkv). work: workspace_size_attention(q_shape, k_shape) elements."""
-    B, S = q.shape[0], q.shape[1]
+    B, S, D = q.shape[0], q.shape[1], q.shape[3]
     tasks = B * k.shape[2]
     sct = out.dtype.type(scale)
-    rows = min(BQ, S)
     was = one_thread()
     if _parallel(q, k):
         for t in prange(tasks):
-            _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
+            _fwd_task(t, q, k, v, out, _slab(work, t, FWD, S, D), sct)
     else:
         for t in range(tasks):
-            _fwd_task(t, q, k, v, out, _slab(work, t, rows, S), sct)
+            _fwd_task(t, q, k, v, out, _slab(work, t, FWD, S, D), sct)
     restore_threads(was)
 
 
@@ -388,41 +451,40 @@ def attention_back(q, k, v, out, dout, grad, work, scale):
     """attention_back: q, out, dout [B, S, H, D], k, v [B, S, Hkv, D] -> grad, flat: dq, dk, dv
     one after the other, each C-ordered in its operand's shape. work:
     workspace_size_attention_back(q_shape, k_shape) elements."""
-    B, S = q.shape[0], q.shape[1]
+    B, S, D = q.shape[0], q.shape[1], q.shape[3]
     tasks = B * k.shape[2]
     dq, dk, dv = _grads(grad, q, k)
     sct = grad.dtype.type(scale)
-    rows = min(BQ, S)
     was = one_thread()
     if _parallel(q, k):
         for t in prange(tasks):
-            _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, 2 * t, rows, S),
-                       _slab(work, 2 * t + 1, rows, S), sct)
+            _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, t, BACK, S, D), sct)
     else:
         for t in range(tasks):
-            _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, 2 * t, rows, S),
-                       _slab(work, 2 * t + 1, rows, S), sct)
+            _back_task(t, q, k, v, out, dout, dq, dk, dv, _slab(work, t, BACK, S, D), sct)
     restore_threads(was)
 
 
 def workspace_size_attention_back_stored(q_shape, k_shape):
-    return workspace_size_attention(q_shape, k_shape)
+    return _workspace(BACK_STORED, q_shape, k_shape)
 
 
 @pfkernel
-def attention_store(q, k, v, stored, scale):
+def attention_store(q, k, v, stored, work, scale):
     """attention_store: attention's output, then its exps and the rows' factors (the layout of
-    jitgraph/ops/attention.py), into the flat `stored`."""
+    jitgraph/ops/attention.py), into the flat `stored`. work:
+    workspace_size_attention_store(q_shape, k_shape) elements."""
     out, e, r = _stored(stored, q)
+    S, D = q.shape[1], q.shape[3]
     tasks = q.shape[0] * k.shape[2]
     sct = stored.dtype.type(scale)
     was = one_thread()
     if _parallel(q, k):
         for t in prange(tasks):
-            _store_task(t, q, k, v, out, e, r, sct)
+            _store_task(t, q, k, v, out, e, r, _slab(work, t, STORE, S, D), sct)
     else:
         for t in range(tasks):
-            _store_task(t, q, k, v, out, e, r, sct)
+            _store_task(t, q, k, v, out, e, r, _slab(work, t, STORE, S, D), sct)
     restore_threads(was)
 
 
@@ -430,19 +492,18 @@ def attention_store(q, k, v, stored, scale):
 def attention_back_stored(q, k, v, stored, dout, grad, work, scale):
     """attention_back_stored: attention_back's gradients (flat: dq, dk, dv) from what
     attention_store kept. work: workspace_size_attention_back_stored(q_shape, k_shape)."""
-    B, S = q.shape[0], q.shape[1]
+    B, S, D = q.shape[0], q.shape[1], q.shape[3]
     tasks = B * k.shape[2]
     out, e, r = _stored(stored, q)
     dq, dk, dv = _grads(grad, q, k)
     sct = grad.dtype.type(scale)
-    rows = min(BQ, S)
     was = one_thread()
     if _parallel(q, k):
         for t in prange(tasks):
-            _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, _slab(work, t, rows, S),
-                              sct)
+            _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv,
+                              _slab(work, t, BACK_STORED, S, D), sct)
     else:
         for t in range(tasks):
-            _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, _slab(work, t, rows, S),
-                              sct)
+            _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv,
+                              _slab(work, t, BACK_STORED, S, D), sct)
     restore_threads(was)

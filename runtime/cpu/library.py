@@ -25,8 +25,9 @@ names its op, layout and parameters:
              -- work: workspace_size_kv_attention(q_shape, k_shape) elements
   lib_attention attention(q, k, v, out, work, scale)  attention_back(q, k, v, out, dout, grad,
              work, scale) -- work: workspace_size_attention[_back](q_shape, k_shape) elements
-             attention_store(q, k, v, stored, scale)  attention_back_stored(q, k, v, stored,
-             dout, grad, work, scale) -- work: workspace_size_attention_back_stored(...)
+             attention_store(q, k, v, stored, work, scale)  attention_back_stored(q, k, v,
+             stored, dout, grad, work, scale) -- work: workspace_size_attention_store(...),
+             workspace_size_attention_back_stored(...)
   lib_conv   conv2d(x, w, out, work, sh, sw, ph, pw, dh, dw)
              conv2d_back_input(w, g, out, work, ...)   conv2d_back_weight(x, g, out, work, ...)
              -- work: 1-D, workspace_size_conv2d(x_shape, w_shape, y_shape) elements, out's dtype
@@ -37,7 +38,8 @@ from __future__ import annotations
 
 from .lib_attention import (attention, attention_back,  # noqa: F401
                             attention_back_stored, attention_store, workspace_size_attention,
-                            workspace_size_attention_back, workspace_size_attention_back_stored)
+                            workspace_size_attention_back, workspace_size_attention_back_stored,
+                            workspace_size_attention_store)
 from .lib_conv import (conv2d, conv2d_back_input, conv2d_back_weight,  # noqa: F401
                        workspace_size_conv2d)
 from .lib_kv import kv_attention, set_rows, workspace_size_kv_attention  # noqa: F401

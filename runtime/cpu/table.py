@@ -120,7 +120,9 @@ TABLE = {
     "attention_back": Library(
         "attention_back", lambda n: [n.attr["scale"]],
         lambda lib, shapes, n: lib.workspace_size_attention_back(*shapes[:2])),
-    "attention_store": Library("attention_store", lambda n: [n.attr["scale"]]),
+    "attention_store": Library(
+        "attention_store", lambda n: [n.attr["scale"]],
+        lambda lib, shapes, n: lib.workspace_size_attention_store(*shapes[:2])),
     "attention_back_stored": Library(
         "attention_back_stored", lambda n: [n.attr["scale"]],
         lambda lib, shapes, n: lib.workspace_size_attention_back_stored(*shapes[:2])),
