@@ -71,13 +71,13 @@ BQ = PROBS_BLOCK
 
 
 # Each (batch, kv head) task's scratch, carved from the kernel's workspace (the kernels allocate
-# nothing): PART elements of each kind, every part rounded up to ALIGN elements (64 bytes in
-# float32), in this order:
+# nothing), its parts in this order, each rounded up to ALIGN elements (64 bytes in float32):
 #   attention              scores block [BQ, S], k^T [D, S], 1 / rowsums [BQ]
-#   attention_back         scores block, dP block, k^T, v^T, dk^T, dv^T, 1 / rowsums
+#   attention_back         scores block, dP block [BQ, S], k^T, v^T, dk^T, dv^T, 1 / rowsums
 #   attention_store        k^T
 #   attention_back_stored  dP block, v^T, dk^T, dv^T, dO's rows scaled [BQ, D]
-# (blocks: BQ x S, D x S: a kv head's keys or values transposed, see _transposed).
+# (the [D, S] parts: the kv head's keys, values and their gradients transposed, see _transposed;
+# with S < BQ, BQ is S). A task's slab is _task_words elements, task t's at t times that.
 ALIGN = 16
 FWD, BACK, STORE, BACK_STORED = 0, 1, 2, 3
 
