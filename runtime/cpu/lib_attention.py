@@ -235,10 +235,16 @@ def _transposed(x, b, g, xt):
 
 
 @fkernel
+def _flat(slab, at, n):
+    """(the n elements at element `at` of a task's slab, the next part's start)."""
+    return slab[at:at + n], at + _up(n)
+
+
+@fkernel
 def _part(slab, at, shape0, shape1):
-    """(the [shape0, shape1] array at element `at` of a task's slab, the next part's start)."""
-    n = shape0 * shape1
-    return slab[at:at + n].reshape((shape0, shape1)), at + _up(n)
+    """_flat as a [shape0, shape1] array."""
+    x, nxt = _flat(slab, at, shape0 * shape1)
+    return x.reshape((shape0, shape1)), nxt
 
 
 @fkernel
@@ -255,9 +261,9 @@ def _fwd_task(t, q, k, v, out, slab, sct):
     S, D = q.shape[1], q.shape[3]
     b, g, rep = _task(t, q, k)
     rows = min(BQ, S)
-    sc = slab[:rows * S]
-    kt, at = _part(slab, _up(rows * S), D, S)
-    inv = slab[at:at + rows]
+    sc, at = _flat(slab, 0, rows * S)
+    kt, at = _part(slab, at, D, S)
+    inv = _flat(slab, at, rows)[0]
     _transposed(k, b, g, kt)
     for h in range(g * rep, (g + 1) * rep):
         for i0 in range(0, S, BQ):
@@ -304,12 +310,13 @@ def _back_task(t, q, k, v, out, dout, dq, dk, dv, slab, sct):
     B, S, H, D = q.shape
     b, g, rep = _task(t, q, k)
     rows = min(BQ, S)
-    sc, dp = slab[:rows * S], slab[_up(rows * S):_up(rows * S) + rows * S]
-    kt, at = _part(slab, 2 * _up(rows * S), D, S)
+    sc, at = _flat(slab, 0, rows * S)
+    dp, at = _flat(slab, at, rows * S)
+    kt, at = _part(slab, at, D, S)
     vt, at = _part(slab, at, D, S)
     dkt, at = _part(slab, at, D, S)
     dvt, at = _part(slab, at, D, S)
-    inv = slab[at:at + rows]
+    inv = _flat(slab, at, rows)[0]
     _transposed(k, b, g, kt)
     _transposed(v, b, g, vt)
     dkt[:, :] = 0.0
@@ -363,8 +370,8 @@ def _back_stored_task(t, q, k, v, out, e, r, dout, dq, dk, dv, slab, sct):
     b, g, rep = _task(t, q, k)
     per = e.shape[0] // (B * H)
     rows = min(BQ, S)
-    dp = slab[:rows * S]
-    vt, at = _part(slab, _up(rows * S), D, S)
+    dp, at = _flat(slab, 0, rows * S)
+    vt, at = _part(slab, at, D, S)
     dkt, at = _part(slab, at, D, S)
     dvt, at = _part(slab, at, D, S)
     gs = _part(slab, at, rows, D)[0]
