@@ -115,6 +115,7 @@ def build(source, options, backend):
     t1 = time.perf_counter()
     module, st.ir["kernels"] = backend.generate(st.kernels, st.memory)
     dump("kernels", st.ir["kernels"])
+    backend.check_fits(st.memory, module, shared_params=options.param_slots is not None)
     t2 = time.perf_counter()
     driver, built = backend.build(module)
     t3 = time.perf_counter()

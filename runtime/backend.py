@@ -21,6 +21,10 @@ the target's backend; runtime/executor.py's Program runs what the backend built.
                 then the driver calling them in order. `source`: the text
                 `Program.ir("kernels")` shows; `module.workspace_bytes`: scratch bytes the
                 arena needs after the plan's values.
+  check_fits(plan, module, shared_params)
+                a MemoryError, before the module is built, when the program's memory does
+                not fit what the target has now (shared_params: the persistent region is
+                another program's, not allocated again).
   build(module) -> (driver, stats)
                 module build: compile it, or load it from the kernel cache (runtime/cache.py);
                 `stats`: what the build did (kernels compiled and loaded, seconds, BLAS).
@@ -92,6 +96,20 @@ class CPU:
         self.before_step = adapt    # the Program calls it before each step: the one-thread
                                     # bound of small GEMMs follows the machine's load
 
+    def check_fits(self, plan, gen, shared_params=False):
+        """A MemoryError, before anything is compiled, when the program's memory (the arena
+        with its workspace and the output buffers, and the persistent region unless it shares
+        another program's) exceeds the host memory available now."""
+        from .cpu.memory import available
+        arena = plan.arena_bytes + gen.workspace_bytes
+        arena += sum(s.nbytes for s in plan.outputs.values())
+        need = arena + (0 if shared_params else plan.persist_bytes)
+        have = available()
+        if have is not None and need > have[0]:
+            raise MemoryError(f"the program needs {_gib(need)} of memory (arena, scratch and "
+                              f"outputs {_gib(arena)}, persistent {_gib(plan.persist_bytes)}), "
+                              f"{_gib(have[0])} is available ({have[1]})")
+
     def generate(self, kernels, plan):
         from .cpu.codegen import generate
         gen = generate(kernels, plan, cache.module_name)
@@ -125,6 +143,10 @@ class CPU:
 
     def view(self, region, slot, t):
         return region[slot.offset:slot.offset + slot.nbytes].view(t.np_dtype).reshape(t.shape)
+
+
+def _gib(n) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 27 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _build_driver(gen, fresh=False):

@@ -130,9 +130,10 @@ def adopt_resumed(args, path, saved, warn=_warn):
         setattr(args, k, v)
 
 
-def _check_model_file(path, what):
+def _check_model_file(path, what, kind="a model file"):
+    """An input file that exists and is not a directory (`kind`: what it should be)."""
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{what} {path}: is a directory, not a model file")
+        raise IsADirectoryError(f"{what} {path}: is a directory, not {kind}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{what} {path}: no such file")
 
@@ -168,10 +169,27 @@ def _compile_progress(args, what):
 
 
 class _Run:
-    """What an interrupt message reports: the last checkpoint this run wrote."""
-    checkpoint = None
+    """What an interrupt message reports: the files this run wrote and what they hold."""
+    checkpoint = None      # the last checkpoint written (or resumed from)
     epoch = None
     unit = "epoch"         # what `epoch` counts ("step" for the llama commands)
+    out = None             # (--out path, what it holds) once written
+    unsaved = False        # neither --out nor --checkpoint: the run writes nothing
+
+    @classmethod
+    def reset(cls):
+        cls.checkpoint = cls.epoch = cls.out = None
+        cls.unit, cls.unsaved = "epoch", False
+
+
+def note_unsaved(args, root=True) -> None:
+    """A training run given neither --out nor --checkpoint says so once at its start (on MPI's
+    rank 0: `root`), and again if interrupted."""
+    if not args.out and not args.checkpoint:
+        _Run.unsaved = True
+        if root:
+            _warn(args, "neither --out nor --checkpoint is given: nothing of this run will be "
+                        "saved")
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -233,10 +251,11 @@ def _train_ranks(args, world):
     from .train import Trainer, evaluate, train_samples
 
     # everything that can fail is checked before anything compiles or trains
-    check_outputs(args.out, args.checkpoint)
+    check_outputs(args, {"--resume": args.resume, "--data": args.data})
+    note_unsaved(args, world is None or world.is_root)
     meta = None
     if args.resume:
-        _check_model_file(args.resume, "--resume")
+        _check_model_file(args.resume, "--resume", "a checkpoint file")
         arch, params, state, meta = load_checkpoint(args.resume)
         _check_meta(args.resume, meta)
         if arch != args.model:
@@ -301,19 +320,26 @@ def _train_ranks(args, world):
                    f"samples of each batch and {world.threads} thread(s) per rank")
     progress = None if not args.quiet else False
     epoch_seconds, last = [], None
-    while trainer.epoch < args.epochs:
-        last = trainer.run_one_epoch(progress)
-        epoch_seconds.append(last.seconds)
-        _say(args, f"epoch {last.epoch}/{args.epochs}: train {last.train}  val {last.val}  "
-                   f"({last.seconds:.2f} s)")
-        if args.checkpoint and (world is None or world.is_root):
-            meta_out = {"args": {k: getattr(args, k) for k in RESUMED},
-                        "calls": prog.calls, "epoch": trainer.epoch,
-                        "rng": trainer.rng.bit_generator.state,
-                        "order": trainer.order.tolist()}
-            save_checkpoint(args.checkpoint, args.model, dict(prog.params), dict(prog.state),
-                            meta_out, data=_data_kind(args))
-            _Run.checkpoint, _Run.epoch = args.checkpoint, trainer.epoch
+    try:
+        while trainer.epoch < args.epochs:
+            last = trainer.run_one_epoch(progress)
+            epoch_seconds.append(last.seconds)
+            _say(args, f"epoch {last.epoch}/{args.epochs}: train {last.train}  val {last.val}  "
+                       f"({last.seconds:.2f} s)")
+            if args.checkpoint and (world is None or world.is_root):
+                meta_out = {"args": {k: getattr(args, k) for k in RESUMED},
+                            "calls": prog.calls, "epoch": trainer.epoch,
+                            "rng": trainer.rng.bit_generator.state,
+                            "order": trainer.order.tolist()}
+                save_checkpoint(args.checkpoint, args.model, dict(prog.params), dict(prog.state),
+                                meta_out, data=_data_kind(args))
+                _Run.checkpoint, _Run.epoch = args.checkpoint, trainer.epoch
+    except (KeyboardInterrupt, Terminated):
+        if args.out and world is None:      # the weights after the last whole step
+            save_model(args.out, args.model, dict(prog.params), data=_data_kind(args))
+            _Run.out = (args.out, f"the model after {prog.calls} steps (interrupted in epoch "
+                                  f"{trainer.epoch + 1})")
+        raise
     test = evaluate(trainer.evaluator, test_ds, args.batch_size, progress, world=world)
     _say(args, f"test ({test.ndata} samples): {test}")
     if args.out and (world is None or world.is_root):
@@ -376,12 +402,13 @@ def _perplexity(args):
     if args.text is None:
         raise ValueError("--text FILE is required: the text to score (e.g. "
                          "../shared/data/text/tinyshakespeare.txt)")
-    _check_model_file(args.text, "--text")
+    _check_model_file(args.text, "--text", "a text file")
     target = compile_target(args)
     lora = _read_lora(args, model[0])
-    text = split_text(args.text, args.split)
+    part = split_text(args.text, args.split, errors=None)
+    text = part.decode("utf-8", "replace")
     _say(args, f"{args.model_file}: {model[0].layers} layers, width {model[0].dim}; text "
-               f"{args.text} ({args.split}: {len(text.encode())} bytes), n_ctx {args.ctx}")
+               f"{args.text} ({args.split}: {len(part)} bytes), n_ctx {args.ctx}")
     bar = None if args.quiet or not sys.stderr.isatty() else _tqdm_bar("perplexity")
     res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
                      progress=None if bar is None else bar, lora=lora,
@@ -446,33 +473,32 @@ def _generate(args):
     return 0
 
 
-def _read_lora(args, cfg):
+def _read_lora(args, cfg, merged=False):
     """(adapter params, alpha) of --lora, checked against the base model's config; None without
-    --lora (then --lora-scale is an error)."""
+    --lora (then --lora-scale is an error). `merged`: the command merges it into the weights
+    (export), else it is applied unmerged."""
     if args.lora is None:
         if args.lora_scale != 1.0:
             raise ValueError("--lora-scale needs --lora ADAPTER.gguf")
         return None
     from ..models.lora import read_adapter
-    _check_model_file(args.lora, "--lora")
+    _check_model_file(args.lora, "--lora", "an adapter file")
     params, alpha = read_adapter(args.lora, cfg)
     n = len(params) // 2
     _say(args, f"--lora {args.lora}: {n} adapted weights, rank "
                f"{sorted({a.shape[0] for k, a in params.items() if k.endswith('.lora_a')})}, "
-               f"alpha {alpha:g}, scale {args.lora_scale:g} (unmerged)")
+               f"alpha {alpha:g}, scale {args.lora_scale:g}"
+               f"{'' if merged else ' (applied unmerged)'}")
     return params, alpha
 
 
 def _export(args):
-    from ..formats.gguf import check_writable
     from ..models.llama import read_llama, write_llama
     from ..models.lora import merge
     _check_model_file(args.model_file, "model")
-    if os.path.abspath(args.out) in (os.path.abspath(args.model_file), os.path.abspath(args.lora)):
-        raise ValueError(f"--out {args.out} names an input file; give a new file name")
-    check_writable(args.out, "--out")
+    check_outputs(args, {"the base model": args.model_file, "--lora": args.lora})
     cfg, params, tok = read_llama(args.model_file)
-    adapter, alpha = _read_lora(args, cfg)
+    adapter, alpha = _read_lora(args, cfg, merged=True)
     merged = merge(params, adapter, alpha, args.lora_scale)
     write_llama(args.out, cfg, merged, tok, ftype=args.ftype,
                 name=f"{os.path.basename(args.model_file)} + {os.path.basename(args.lora)}")
@@ -542,9 +568,26 @@ def _common_data(p):
                    help="no progress bars, no per-epoch or summary lines")
 
 
+def _threads(text):
+    """--threads: an integer from 1 to 4x the cores."""
+    from ..runtime.cpu.threading import max_threads
+    top = max_threads()
+    try:
+        v = int(text)
+    except ValueError:
+        v = None
+    if v is None or not 1 <= v <= top:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {top} (4x this "
+                                         f"machine's {top // 4} cores), got {text!r}")
+    return v
+
+
+_threads.__name__ = "thread count"
+
+
 def add_threads_flag(p):
     """--threads N: threads of a command's GEMMs and parallel kernels (apply_threads)."""
-    p.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+    p.add_argument("--threads", type=_threads, default=None, metavar="N",
                    help="threads for GEMMs and parallel kernels (JITGRAPH_NUM_THREADS); 1 is "
                         "much faster on a machine whose cores other jobs keep busy; default: "
                         "all cores")
@@ -557,13 +600,13 @@ def apply_threads(args):
         os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
 
 
-def check_outputs(out, checkpoint):
-    """--out and --checkpoint writable and distinct, checked before anything compiles."""
-    from ..formats.gguf import check_writable
-    if out and checkpoint and os.path.abspath(out) == os.path.abspath(checkpoint):
-        raise ValueError(f"--out and --checkpoint name the same file {out}; the final model "
-                         f"would overwrite the checkpoint")
-    for flag, path in (("--out", out), ("--checkpoint", checkpoint)):
+def check_outputs(args, inputs: dict) -> None:
+    """--out and --checkpoint (those `args` has) writable for real, distinct, and none of them
+    one of `inputs` (option -> path; --checkpoint may be --resume), before anything compiles."""
+    from ..formats.paths import check_not_inputs, check_writable
+    outputs = {f: getattr(args, f[2:], None) for f in ("--out", "--checkpoint")}
+    check_not_inputs(outputs, inputs, allow=(("--checkpoint", "--resume"),))
+    for flag, path in outputs.items():
         if path:
             check_writable(path, flag)
 
@@ -754,10 +797,17 @@ def parser():
 
 
 def _interrupted(cmd, how, code):
-    where = (f"; last checkpoint: {_Run.checkpoint} ({_Run.unit} {_Run.epoch}), continue with "
-             f"--resume {_Run.checkpoint}" if _Run.checkpoint else "")
+    saved = []
+    if _Run.out:
+        saved.append(f"{_Run.out[0]} holds {_Run.out[1]}")
+    if _Run.checkpoint:
+        saved.append(f"last checkpoint: {_Run.checkpoint} ({_Run.unit} {_Run.epoch}), continue "
+                     f"with --resume {_Run.checkpoint}")
+    if _Run.unsaved:
+        saved.append("nothing was saved (neither --out nor --checkpoint was given)")
     start = "\n" if sys.stderr.isatty() else ""       # off the line of a progress bar or ^C
-    print(f"{start}jitgraph {cmd}: {how}{where}", file=sys.stderr, flush=True)
+    print(f"{start}jitgraph {cmd}: {how}{''.join('; ' + s for s in saved)}", file=sys.stderr,
+          flush=True)
     return code
 
 
@@ -768,8 +818,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     cmd = argv[0] if argv and not argv[0].startswith("-") else "jitgraph"
-    _Run.checkpoint = _Run.epoch = None
-    _Run.unit = "epoch"
+    _Run.reset()
     old_handler = None
     with contextlib.suppress(ValueError):       # (only the main thread can set handlers)
         old_handler = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -781,6 +830,12 @@ def main(argv=None) -> int:
                 return bench_main(argv[1:])
             p = parser()
             args = p.parse_args(argv)
+            from ..runtime.cpu.threading import requested_threads
+            try:
+                if not getattr(args, "threads", None):    # (--threads replaces it)
+                    requested_threads()
+            except ValueError as e:
+                args.parser.error(str(e))
             if args.cmd in ("train", "finetune") and args.resume:   # train MODEL: its own parser
                 args.given = _given(args.parser, argv[2:] if args.cmd == "train" else argv[1:])
             try:
@@ -792,9 +847,9 @@ def main(argv=None) -> int:
             except (ValueError, OSError) as e:
                 print(f"jitgraph {args.cmd}: error: {_message(e)}", file=sys.stderr)
                 return EXIT_ERROR
-            except MemoryError:
-                print(f"jitgraph {args.cmd}: error: out of memory (try fewer samples or a "
-                      f"smaller --batch-size)", file=sys.stderr)
+            except MemoryError as e:
+                print(f"jitgraph {args.cmd}: error: {str(e) or 'out of memory'}; "
+                      f"{_smaller(args)}", file=sys.stderr)
                 return EXIT_ERROR
     except KeyboardInterrupt:
         return _interrupted(cmd, "interrupted (Ctrl-C)", EXIT_INTERRUPT)
@@ -803,6 +858,18 @@ def main(argv=None) -> int:
     finally:
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
+
+
+# the options that size each command's programs, named when a program does not fit in memory
+_SIZES = {"train": "--batch-size", "train llama": "--ctx, --batch-size, --dim or --layers (or "
+          "--recompute sqrt)", "finetune": "--ctx or --batch-size (or --recompute sqrt)",
+          "generate": "--ctx", "perplexity": "--ctx or --batch-size", "eval": "--batch-size",
+          "dump": "--batch-size"}
+
+
+def _smaller(args) -> str:
+    cmd = "train llama" if args.cmd == "train" and args.model == "llama" else args.cmd
+    return f"try a smaller {_SIZES[cmd]}" if cmd in _SIZES else "try smaller sizes"
 
 
 def _message(e) -> str:

@@ -403,6 +403,22 @@ def describe_environment(env) -> str:
     return line
 
 
+def check_json_output(path) -> None:
+    """--json PATH: writable, and when it exists, a results file this command wrote (it is
+    replaced; any other file, a source file or a data set, is refused)."""
+    from ..formats.paths import check_writable
+    check_writable(path, "--json")
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+        except (OSError, ValueError):
+            old = None
+        if not (isinstance(old, dict) and "environment" in old):
+            raise ValueError(f"--json {path}: exists and is not a `jitgraph bench` results file; "
+                             f"give a new file name (it would be replaced)")
+
+
 def write_json(path, results: dict) -> None:
     """Write {"environment": ..., **results} atomically (a temp file renamed over `path`). The
     temp file is removed on every exit (exceptions, Ctrl-C, SIGTERM turned into an exception by
@@ -468,10 +484,9 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(known)}")
     if args.json:
-        from ..formats.gguf import check_writable
         try:
-            check_writable(args.json, "--json")
-        except OSError as e:
+            check_json_output(args.json)
+        except (OSError, ValueError) as e:
             p.error(str(e))
     run = checkpoint_curve if args.checkpoint_curve else safety_costs if args.safety else \
         roofline_suite if args.roofline else run_suite

@@ -46,7 +46,8 @@ import numpy as np
 from ..lora import SHORTHANDS
 from . import (EXIT_INTERRUPT, EXIT_TERMINATED, Terminated, _check_model_file, _compile_progress,
                _float_in, _int_at_least, _Run, _say, _warn, add_compile_flags,
-               add_threads_flag, adopt_resumed, apply_threads, check_outputs, compile_target)
+               add_threads_flag, adopt_resumed, apply_threads, check_outputs, compile_target,
+               note_unsaved)
 
 CKPT_KEY = "jitgraph.checkpoint"
 STATE_PREFIX = "state."
@@ -419,7 +420,7 @@ def _bar(args, total, initial):
 
 def _fit(args, trainer, save, curve):
     """Train to --steps: evaluate every --eval-every steps and at the end, call save() every
-    --save-every steps and at the end; Ctrl-C / SIGTERM: save, then raise. Returns the timing
+    --save-every steps and at the end; Ctrl-C / SIGTERM: save(stopping=True), then raise. Returns the timing
     {"seconds": training time without evaluations and saves, "steps": steps run now}.
     Under MPI (trainer.world) the ranks agree after each step whether any got a signal: then
     all save (rank 0 writes) after that same step and raise _Stopped."""
@@ -451,12 +452,12 @@ def _fit(args, trainer, save, curve):
             if world is not None:
                 stop = _agreed_stop(world, signals, s)
                 if stop or s == total or s % args.save_every == 0:
-                    save()
+                    save(bool(stop))
                 if stop:
                     raise _Stopped(stop)
                 continue
             if signals.pending or s == total or s % args.save_every == 0:
-                save()
+                save(signals.pending)
             signals.check()
     return {"seconds": seconds, "steps": ran}
 
@@ -544,19 +545,23 @@ def _windows(args, split, what):
     return Windows(split.train, n, "training part"), Windows(split.val, n, "held-out part")
 
 
-def _check_outputs(args):
-    """--out and --checkpoint writable and distinct, before anything is read or compiled."""
-    check_outputs(args.out, args.checkpoint)
+def _check_outputs(args, **inputs):
+    """--out and --checkpoint writable, distinct and none of the inputs (--text, --resume and
+    `inputs`), before anything is read or compiled."""
+    check_outputs(args, {"--text": args.text, "--resume": args.resume, **inputs})
 
 
 def _resume(args, kind, resumed):
     """Load --resume and apply its recorded options to `args` (a warning lists the given ones
     it overrides). Returns (cfg, tok, params, state, meta)."""
-    _check_model_file(args.resume, "--resume")
+    _check_model_file(args.resume, "--resume", "a checkpoint file")
     cfg, tok, params, state, meta = load_llama_checkpoint(args.resume)
     if meta["kind"] != kind:
         raise ValueError(f"--resume {args.resume}: a {meta['kind']} checkpoint, not {kind}")
-    adopt_resumed(args, args.resume, {k: meta["args"].get(k) for k in resumed}, _warn_once)
+    saved = {k: meta["args"].get(k) for k in resumed}
+    if args.text is not None and "text" in getattr(args, "given", ()):
+        saved.pop("text")            # the user's copy: _read_text checks it against the hash
+    adopt_resumed(args, args.resume, saved, _warn_once)
     _Run.checkpoint, _Run.epoch, _Run.unit = args.resume, meta["step"], "step"
     if meta["step"] >= args.steps:
         _warn_once(args, f"--resume {args.resume} is at step {meta['step']}, --steps is "
@@ -565,20 +570,32 @@ def _resume(args, kind, resumed):
 
 
 def _read_text(args, meta=None):
+    """(bytes of --text or of the shipped corpus, how to name it). With a checkpoint's `meta`
+    the text must be the one it was trained on (its SHA-256): the recorded path, or the
+    --text given on the command line."""
     from ..models.text import read_corpus
     if args.text is not None:
-        _check_model_file(args.text, "--text")
+        if meta is not None and not os.path.exists(args.text):
+            raise FileNotFoundError(f"--resume {args.resume}: its text {args.text} is not found; "
+                                    f"give the same text with --text FILE")
+        _check_model_file(args.text, "--text", "a text file")
     data = read_corpus(args.text)
     if meta is not None and meta.get("text_sha256") not in (None, _sha256(data)):
         where = args.text or "the shipped corpus"
-        raise ValueError(f"--resume {args.resume}: the text ({where}) changed since the "
-                         f"checkpoint was written; a resumed run needs the same text")
+        raise ValueError(f"--resume {args.resume}: the text ({where}) is not the one the "
+                         f"checkpoint was trained on (its SHA-256 differs); a resumed run needs "
+                         f"the same text")
     what = args.text if args.text else "the shipped tiny-shakespeare slice"
     return data, what
 
 
 def _meta(args, kind, resumed, trainer, curve, data, extra=None):
-    return {"kind": kind, "args": {k: getattr(args, k) for k in resumed},
+    """A checkpoint's JSON: the options (the text as an absolute path, so a resume from another
+    directory finds it), the program's and the sampler's state, the curve."""
+    saved = {k: getattr(args, k) for k in resumed}
+    if saved.get("text") is not None:
+        saved["text"] = os.path.abspath(saved["text"])
+    return {"kind": kind, "args": saved,
             "calls": trainer.program.calls, "step": trainer.step,
             "rng": trainer.sampler.state, "curve": curve, "window": trainer.window,
             "text_sha256": _sha256(data),
@@ -677,10 +694,9 @@ def _train_llama(args, world):
     from ..models.llama import llama_forward, write_llama
     from ..models.text import tokenize_split
     kind = "train-llama"
-    _check_outputs(args)
-    resumed = None
-    if args.resume:
-        resumed = _resume(args, kind, TRAIN_RESUMED)
+    resumed = _resume(args, kind, TRAIN_RESUMED) if args.resume else None
+    _check_outputs(args)                 # (the text recorded in the checkpoint included)
+    note_unsaved(args, not getattr(args, "rank", 0))
     data, what = _read_text(args, resumed and resumed[4])
     if resumed:
         tok, how = resumed[1], "vocabulary of the checkpoint"
@@ -712,11 +728,16 @@ def _train_llama(args, world):
     _data_parallel_line(args, world)
     root = world is None or world.is_root
 
-    def save():
-        if args.checkpoint and root:
+    def save(stopping=False):
+        if not root:
+            return
+        if args.checkpoint:
             save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             _Run.checkpoint, _Run.epoch, _Run.unit = args.checkpoint, trainer.step, "step"
+        if stopping and args.out:            # interrupted: the model so far
+            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama")
+            _Run.out = (args.out, f"the model after step {trainer.step}")
 
     timing = _fit(args, trainer, save, curve)
     if args.out and root:
@@ -757,10 +778,8 @@ def _finetune(args, world):
     from ..models.text import split_bytes, tokenize_split
     kind = "finetune"
     _check_model_file(args.base, "base model")
-    _check_outputs(args)
-    resumed = None
-    if args.resume:
-        resumed = _resume(args, kind, FINETUNE_RESUMED)
+    resumed = _resume(args, kind, FINETUNE_RESUMED) if args.resume else None
+    _check_outputs(args, **{"the base model": args.base})
     if args.lora_alpha is not None and args.full:
         raise ValueError("--lora-alpha applies to --lora-rank, not --full")
     cfg, base, tok = read_llama(args.base)
@@ -828,10 +847,12 @@ def _finetune(args, world):
         else:
             lora_file.write_adapter(args.out, cfg, adapter(), alpha)
 
-    def save():
+    def save(stopping=False):
         if not root:
             return
         write_out()
+        _Run.out = (args.out, f"the {'model' if args.full else 'adapter'} after step "
+                              f"{trainer.step}")
         if args.checkpoint:
             meta = _meta(args, kind, FINETUNE_RESUMED, trainer, curve, data,
                          {"base_sha256": base_sha})

@@ -15,13 +15,13 @@ import contextlib
 import json
 import math
 import os
-import secrets
 import struct
 
 import gguf
 import numpy as np
 
 from ..errors import ModelFormatError
+from .paths import temp_path
 
 ARCH_KEY = "general.architecture"
 CHECKPOINT_KEY = "jitgraph.checkpoint"
@@ -95,25 +95,6 @@ def trained_on(path) -> str | None:
     return _string(kv, DATA_KEY, path)
 
 
-def check_writable(path, what=None) -> None:
-    """Raise OSError naming `path` (and `what`, e.g. "--out") unless a file can be written at
-    `path`: its directory exists and is writable, and `path` is not a directory. Call it before
-    long work whose result goes to `path`."""
-    path = os.fspath(path)
-    label = f"{what} {path}" if what else path
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{label}: is a directory; give a file name")
-    if not os.path.exists(directory):
-        raise FileNotFoundError(f"{label}: directory {directory} does not exist")
-    if not os.path.isdir(directory):
-        raise NotADirectoryError(f"{label}: {directory} is not a directory")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise PermissionError(f"{label}: directory {directory} is not writable")
-    if os.path.lexists(path) and not os.path.isfile(path):
-        raise FileExistsError(f"{label}: exists and is not a regular file")
-
-
 @contextlib.contextmanager
 def gguf_writer(path, arch):
     """`with gguf_writer(path, arch) as w:` add metadata and tensors to the gguf.GGUFWriter `w`;
@@ -124,7 +105,7 @@ def gguf_writer(path, arch):
     temporary file."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    tmp = temp_path(path)
     w = None
     try:
         w = gguf.GGUFWriter(tmp, arch)

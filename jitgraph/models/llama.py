@@ -296,6 +296,16 @@ def _dequantize(t) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(shape))
 
 
+def _not_a_model(md: dict) -> None:
+    """A LoRA adapter or a training checkpoint given where a model is expected: say which."""
+    if md.get("general.type") == "adapter":
+        raise ValueError("is a LoRA adapter, not a model; give it with --lora ADAPTER.gguf, "
+                         "beside the base model it was trained on")
+    if "jitgraph.checkpoint" in md:
+        raise ValueError("is a jitgraph training checkpoint, not a model; continue its training "
+                         "with --resume (finetune's --out, or train llama's --out, is the model)")
+
+
 def read_llama(path):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
     llama.cpp GGUF model. The header is bounds-checked first (a malformed file raises
@@ -311,6 +321,7 @@ def read_llama(path):
     try:
         r = gguf.GGUFReader(path)
         md = {k: fl.contents() for k, fl in r.fields.items()}
+        _not_a_model(md)
         ne = {t.name: [int(n) for n in t.shape] for t in r.tensors}
         cfg = LlamaConfig.from_metadata(md, ne)
         want = cfg.param_shapes()

@@ -46,11 +46,32 @@ def set_blas_defaults() -> None:
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", DEFAULTS["OPENBLAS_THREAD_TIMEOUT"])
 
 
+def max_threads() -> int:
+    """The most threads jitgraph accepts: 4x the cores (more only oversubscribes them, and a
+    huge count makes OpenMP's runtime fail while it starts its pool)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def requested_threads() -> int | None:
+    """JITGRAPH_NUM_THREADS as an int (None when unset or empty); a ValueError naming it when it
+    is not an integer in [1, max_threads()]."""
+    n = os.environ.get("JITGRAPH_NUM_THREADS", "").strip()
+    if not n:
+        return None
+    top = max_threads()
+    if not n.isdigit() or not 1 <= int(n) <= top:
+        raise ValueError(f"JITGRAPH_NUM_THREADS={n}: expected an integer from 1 to {top} (4x "
+                         f"this machine's {top // 4} cores)")
+    return int(n)
+
+
 def configure() -> dict:
-    """Set the defaults above for variables the user left unset; returns the effective values."""
+    """Set the defaults above for variables the user left unset; returns the effective values.
+    An invalid JITGRAPH_NUM_THREADS is a ValueError (requested_threads)."""
     env = os.environ
-    n = env.get("JITGRAPH_NUM_THREADS")
+    n = requested_threads()
     if n:
+        n = str(n)
         env.setdefault("NUMBA_NUM_THREADS", n)
         env.setdefault("OPENBLAS_NUM_THREADS", n)
     if "numba" in sys.modules and "NUMBA_THREADING_LAYER" not in env:

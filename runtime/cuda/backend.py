@@ -67,6 +67,9 @@ class CUDA:
                         "device": "simulator" if self.simulator else _device_name(self.cuda),
                         "cuda_graphs": driver.graph_stats["mode"]}
 
+    def check_fits(self, plan, gen, shared_params=False):
+        """Device memory is checked at build (_check_fits), with the staged inputs."""
+
     def _check_fits(self, gen):
         """A clear error when the program's planned bytes exceed the device's free memory."""
         need = sum(gen.plan_bytes.values()) + sum(n for n, _, _ in gen.inputs.values())
