@@ -1,7 +1,12 @@
-"""Shared fixtures: compiled programs use a kernel cache in a session-wide temporary directory
-(never the user's ~/.cache/jitgraph), reused by every test of the session; and every program
-the suite compiles has its memory plan verified (passes/memory_check.py)."""
+"""Shared fixtures: compiled programs use a kernel cache in a temporary directory (never the
+user's ~/.cache/jitgraph) reused by every test of the run; every program the suite compiles has
+its memory plan verified (passes/memory_check.py); the data files the tests read come from
+tests/data (`testdata`), with llama.cpp's stories260K model and reference outputs read from there
+(`model`, `ref`)."""
+import json
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -20,25 +25,43 @@ def jitgraph_cache_dir(tmp_path_factory):
         os.environ["JITGRAPH_CACHE_DIR"] = old
 
 
-# ---- llama.cpp's stories260K model and what llama.cpp computes for it (tests/test_llama.py,
-# tests/test_generate.py); skipped with the path when ../shared/data is absent
-_GGUF = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gguf")
+# ---- the data files the tests read, shipped in tests/data (provenance, licenses and checksums:
+# tests/data/README.md). A missing file fails the tests that use it; it never skips them.
+DATA = Path(__file__).resolve().with_name("data")
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    stories: Path = DATA / "stories260K.gguf"           # llama.cpp's tiny llama test model
+    reference: Path = DATA / "stories260K-reference.json"   # what llama.cpp computes for it
+    shakespeare_tail: Path = DATA / "tinyshakespeare_tail.txt"   # perplexity's held-out 10 %
+    mnist: Path = DATA / "mnist"                        # the first 6,000 train, 2,000 test images
+
+
+MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+
+@pytest.fixture(scope="session")
+def testdata():
+    """The paths of tests/data's files, each checked to be there."""
+    files = DataFiles()
+    want = [files.stories, files.reference, files.shakespeare_tail,
+            *(files.mnist / f for f in MNIST_FILES)]
+    missing = [str(p) for p in want if not p.is_file()]
+    assert not missing, f"test data missing (tests/data/README.md lists it): {', '.join(missing)}"
+    return files
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(testdata):
+    """llama.cpp's stories260K (config, params, tokenizer), read once per module."""
     from jitgraph.models.llama import read_llama
-    path = os.path.join(_GGUF, "stories260K.gguf")
-    if not os.path.exists(path):
-        pytest.skip(f"{path} (llama.cpp's stories260K test model) not present")
-    return read_llama(path)
+    return read_llama(testdata.stories)
 
 
 @pytest.fixture(scope="module")
-def ref():
-    import json
-    path = os.path.join(_GGUF, "stories260K-reference.json")
-    if not os.path.exists(path):
-        pytest.skip(f"{path} not present")
-    with open(path) as f:
+def ref(testdata):
+    """What llama.cpp computes for stories260K (tests/data/README.md describes the fields)."""
+    with open(testdata.reference) as f:
         return json.load(f)

@@ -16,14 +16,10 @@ import pytest
 import jitgraph as jg
 from jitgraph import cli
 from jitgraph.formats import gguf as gguf_io
-from jitgraph.formats.data import Dataset, synthetic_digits
+from jitgraph.formats.data import Dataset, load_mnist, synthetic_digits
 from jitgraph.models import MODELS
 from jitgraph.cli.train import evaluate
 
-MNIST = os.environ.get("JITGRAPH_MNIST") or os.path.join(
-    os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
-HAVE_MNIST = os.path.exists(os.path.join(MNIST, "t10k-images-idx3-ubyte.gz")) or \
-    os.path.exists(os.path.join(MNIST, "t10k-images-idx3-ubyte"))
 TINY = ["--n-train", "200", "--val-split", "0", "--n-test", "100", "--quiet"]
 
 
@@ -204,15 +200,18 @@ def test_eval_warns_when_a_model_records_no_data(tmp_path, capsys, model_params)
     assert json.loads(cap.out.strip().splitlines()[-1])["n"] == 100
 
 
-@pytest.mark.skipif(not HAVE_MNIST, reason=f"real MNIST IDX files not found in {MNIST} "
-                                           "(set JITGRAPH_MNIST to their directory)")
-def test_eval_on_mnist_with_a_batch_that_does_not_divide(tmp_path, capsys, model_params):
+def test_eval_on_mnist_with_a_batch_that_does_not_divide(tmp_path, capsys, model_params,
+                                                         testdata):
+    """tests/data's MNIST subset (2,000 test images) in batches of 600: three full, one of 200."""
     m = tmp_path / "m.gguf"
     gguf_io.save_model(m, "mnist-fc", model_params, data="mnist")
-    assert cli.main(["eval", str(m), "--data", MNIST, "--batch-size", "3000", "--quiet",
-                     "--json"]) == 0
+    assert cli.main(["eval", str(m), "--data", str(testdata.mnist), "--batch-size", "600",
+                     "--quiet", "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert res["n"] == 10000 and res["data"] == "mnist"
+    assert res["n"] == 2000 and res["data"] == "mnist"
+    loss, acc = _ref_scores(model_params, load_mnist(testdata.mnist, "test"))
+    assert res["test_loss"] == pytest.approx(loss, rel=1e-5)
+    assert res["test_acc"] == pytest.approx(acc, abs=1e-3)
 
 
 def test_eval_of_a_directory(tmp_path, capsys):

@@ -1,6 +1,5 @@
 """jitgraph.formats.data: Dataset shuffling/batching/splitting, the MNIST IDX reader, synthetic digits."""
 import gzip
-import os
 import struct
 
 import numpy as np
@@ -8,8 +7,6 @@ import pytest
 
 from jitgraph import DataFormatError
 from jitgraph.formats.data import Dataset, load_mnist, synthetic_digits
-
-MNIST_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist")
 
 
 # ---- IDX files, written by hand from the format spec -------------------------------------------
@@ -119,12 +116,23 @@ def test_missing_files(tmp_path):
         load_mnist(str(tmp_path), "validation")
 
 
-def test_real_mnist():
-    if not os.path.isdir(MNIST_DIR):
-        pytest.skip(f"MNIST not found at {os.path.abspath(MNIST_DIR)}")
-    for split, n in (("train", 60000), ("test", 10000)):
-        ds = load_mnist(MNIST_DIR, split)
+def test_real_mnist(testdata):
+    """tests/data's MNIST subset (the first 6,000 train and 2,000 test images) against the IDX
+    bytes read here with gzip and numpy, and MNIST's well-known first labels."""
+    for split, prefix, n, first in (("train", "train", 6000, [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]),
+                                    ("test", "t10k", 2000, [7, 2, 1, 0, 4, 1, 4, 9, 5, 9])):
+        ds = load_mnist(testdata.mnist, split)
+        with gzip.open(testdata.mnist / f"{prefix}-images-idx3-ubyte.gz") as f:
+            images = f.read()
+        with gzip.open(testdata.mnist / f"{prefix}-labels-idx1-ubyte.gz") as f:
+            labels = f.read()
+        assert struct.unpack(">4I", images[:16]) == (2051, n, 28, 28)
+        assert struct.unpack(">2I", labels[:8]) == (2049, n)
         assert ds.x.shape == (n, 784) and ds.y.shape == (n,)
+        np.testing.assert_array_equal(
+            ds.x, np.frombuffer(images, np.uint8, offset=16).reshape(n, 784) / np.float32(255))
+        np.testing.assert_array_equal(ds.y, np.frombuffer(labels, np.uint8, offset=8))
+        assert ds.y[:10].tolist() == first
         assert ds.x.min() == 0 and ds.x.max() == 1
         counts = np.bincount(ds.y, minlength=10)
         assert counts.sum() == n and counts.min() > 0.08 * n and counts.max() < 0.12 * n

@@ -2,7 +2,6 @@
 model that loads, --lora-rank an adapter that read_adapter reads back; the LoRA program's loss
 at step 0 equals the base model's; the memory report; resume bit-exact; option errors."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -12,18 +11,15 @@ from jitgraph.cli import llama_train
 from jitgraph.models.llama import read_llama
 from jitgraph.models.lora import merge, read_adapter
 
-MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gguf",
-                     "stories260K.gguf")
 # a short text of the shipped corpus keeps tokenizing and perplexity quick
 SMALL = ["--ctx", "32", "--batch-size", "2", "--eval-every", "1", "--ppl-chunks", "2",
          "--quiet", "--json"]
 
 
 @pytest.fixture(scope="module")
-def base():
-    if not os.path.exists(MODEL):
-        pytest.skip(f"{MODEL} (llama.cpp's stories260K test model) not present")
-    return read_llama(MODEL)
+def stories(testdata):
+    """llama.cpp's stories260K model file, as the command line takes it."""
+    return str(testdata.stories)
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +38,14 @@ LORA = ["--lora-rank", "2", "--lora-targets", "q,k,v,o", "--lr", "1e-2"]
 
 
 @pytest.fixture(scope="module")
-def runs(base, text, tmp_path_factory):
+def runs(stories, text, tmp_path_factory):
     """A --full and a LoRA finetune of 4 steps (their files and --json results)."""
     d = tmp_path_factory.mktemp("finetune")
     full, ad, ck = d / "full.gguf", d / "ad.gguf", d / "ad.ckpt"
     res = []
     for how, out, extra in ((["--full"], full, []), (LORA, ad, ["--checkpoint", str(ck)])):
         with _Stdout() as got:
-            assert cli.main(["finetune", MODEL, "--text", text, *how, "--steps", "4", *SMALL,
+            assert cli.main(["finetune", stories, "--text", text, *how, "--steps", "4", *SMALL,
                              "--out", str(out), *extra]) == 0
         res.append(json.loads(got.text.strip().splitlines()[-1]))
     return {"full": full, "adapter": ad, "checkpoint": ck, "rf": res[0], "rl": res[1]}
@@ -72,8 +68,8 @@ class _Stdout:
 
 
 @pytest.mark.slow
-def test_full_and_lora_finetunes_write_files_that_load(base, runs):
-    cfg, params, tok = base
+def test_full_and_lora_finetunes_write_files_that_load(model, runs):
+    cfg, params, tok = model
     full, ad, ck, rf, rl = (runs[k] for k in ("full", "adapter", "checkpoint", "rf", "rl"))
 
     # --full: a complete model with the base's tokenizer, every weight moved
@@ -115,11 +111,11 @@ def test_full_and_lora_finetunes_write_files_that_load(base, runs):
 
 
 @pytest.mark.slow
-def test_lora_resume_is_bit_exact(base, text, runs, tmp_path, capsys):
+def test_lora_resume_is_bit_exact(model, stories, text, runs, tmp_path, capsys):
     """2 steps, checkpoint, resume, 2 more == the 4 steps of the LoRA run (its options, so its
     compiled kernels are reused; the perplexity does not touch the training)."""
-    cfg = base[0]
-    args = ["finetune", MODEL, "--text", text, *LORA, "--no-ppl", *SMALL]
+    cfg = model[0]
+    args = ["finetune", stories, "--text", text, *LORA, "--no-ppl", *SMALL]
     a, b, ck = runs["adapter"], tmp_path / "b.gguf", tmp_path / "b.ckpt"
     assert cli.main([*args, "--steps", "2", "--out", str(b), "--checkpoint", str(ck)]) == 0
     capsys.readouterr()
@@ -134,7 +130,7 @@ def test_lora_resume_is_bit_exact(base, text, runs, tmp_path, capsys):
     # a resume against another base model is refused
     other = tmp_path / "other.gguf"
     from jitgraph.models.llama import write_llama
-    write_llama(other, *base[:2], base[2], name="other")
+    write_llama(other, *model[:2], model[2], name="other")
     assert cli.main(["finetune", str(other), "--text", text, "--lora-rank", "2", "--steps", "5",
                      "--out", str(b), "--resume", str(ck), "--quiet"]) == 2
     assert "another base model" in capsys.readouterr().err
@@ -146,21 +142,21 @@ def test_lora_resume_is_bit_exact(base, text, runs, tmp_path, capsys):
     (["--lora-rank", "2", "--lora-targets", "q,x"], ["argument --lora-targets", "'q,x'"]),
     (["--lora-rank", "0"], ["argument --lora-rank", ">= 1"]),
 ])
-def test_usage_errors(capsys, argv, words, tmp_path):
+def test_usage_errors(stories, capsys, argv, words, tmp_path):
     with pytest.raises(SystemExit) as e:
-        cli.main(["finetune", MODEL, "--out", str(tmp_path / "o.gguf"), *argv])
+        cli.main(["finetune", stories, "--out", str(tmp_path / "o.gguf"), *argv])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
 
 
-def test_input_errors(base, capsys, tmp_path):
+def test_input_errors(stories, capsys, tmp_path):
     out = str(tmp_path / "o.gguf")
-    assert cli.main(["finetune", MODEL, "--full", "--ctx", "4096", "--out", out]) == 2
+    assert cli.main(["finetune", stories, "--full", "--ctx", "4096", "--out", out]) == 2
     assert "--ctx 4096 exceeds the model's context length 2048" in capsys.readouterr().err
     assert cli.main(["finetune", str(tmp_path / "none.gguf"), "--full", "--out", out]) == 2
     assert "no such file" in capsys.readouterr().err
-    assert cli.main(["finetune", MODEL, "--full", "--lora-alpha", "4", "--out", out]) == 2
+    assert cli.main(["finetune", stories, "--full", "--lora-alpha", "4", "--out", out]) == 2
     assert "--lora-alpha" in capsys.readouterr().err
-    assert cli.main(["finetune", MODEL, "--full", "--out", str(tmp_path / "no" / "o.gguf")]) == 2
+    assert cli.main(["finetune", stories, "--full", "--out", str(tmp_path / "no" / "o.gguf")]) == 2
     assert "--out" in capsys.readouterr().err

@@ -11,7 +11,7 @@ case runs under a time limit and with tracemalloc watching its peak allocation.
 The fuzz cases are hypothesis-generated mutations -- bit flips, byte and header-field overwrites
 with boundary values (0, 2**31, 2**63, 2**64 - 1, ...), truncations, insertions, deletions and
 splices, several at once -- of real files (stories260K.gguf and the MNIST headers from
-../shared/data when present) and of small files jitgraph writes itself (models, checkpoints, IDX,
+tests/data) and of small files jitgraph writes itself (models, checkpoints, IDX,
 the JSON of a few graphs), plus structural JSON mutations (any value in the document replaced by
 hostile JSON). CI runs a fixed, derandomized set (`derandomize=True`, the count given to `fuzz()`
 per test: about 2400 loads in 10-15 s; the module prints the number of cases run). A longer,
@@ -45,10 +45,6 @@ import jitgraph as jg
 from jitgraph.formats import gguf as gguf_io
 from jitgraph.formats.data import load_mnist, read_idx
 from jitgraph.models import MODELS
-
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-STORIES = os.path.join(SHARED, "gguf", "stories260K.gguf")
-MNIST_DIR = os.path.join(SHARED, "mnist")
 
 _LONG = os.environ.get("JITGRAPH_FUZZ_EXAMPLES")
 
@@ -222,7 +218,7 @@ def rich_gguf(path, endian=gguf.GGUFEndian.LITTLE):
 
 
 @pytest.fixture(scope="module")
-def gguf_bases(work):
+def gguf_bases(work, testdata):
     """name -> (bytes, header fields, header length)."""
     paths = {"model": str(work / "model.gguf"), "ckpt": str(work / "ckpt.gguf"),
              "rich": rich_gguf(str(work / "rich.gguf")),
@@ -236,8 +232,8 @@ def gguf_bases(work):
     for name, p in paths.items():
         with open(p, "rb") as f:
             out[name] = (f.read(), *gguf_fields(p))
-    if os.path.isfile(STORIES):
-        out["stories"] = (open(STORIES, "rb").read(), *gguf_fields(STORIES))
+    stories = str(testdata.stories)
+    out["stories"] = (open(stories, "rb").read(), *gguf_fields(stories))
     return out
 
 
@@ -272,8 +268,6 @@ def test_fuzz_gguf_jitgraph_files(work, gguf_bases, base, data):
 @given(data=st.data())
 @fuzz(80)
 def test_fuzz_gguf_stories260k(work, gguf_bases, data):
-    if "stories" not in gguf_bases:
-        pytest.skip(f"stories260K.gguf not found at {os.path.abspath(STORIES)}")
     raw, fields, hot = gguf_bases["stories"]
     case = data.draw(mutated(raw, fields, hot))
     gguf_case(work, case, gguf_io.load_model, "stories")
@@ -299,26 +293,25 @@ IDX_FIELDS = {"images": [(o, 4, "big") for o in (0, 4, 8, 12)] + [(o, 1, "big") 
               "labels": [(o, 4, "big") for o in (0, 4)] + [(o, 1, "big") for o in range(8)]}
 
 
-def real_mnist_heads():
-    """The real t10k files' headers with the first few samples (declaring all 10000: truncated as
-    they stand), and the same with the count patched to what the slice holds (valid)."""
+def real_mnist_heads(mnist_dir):
+    """The real t10k files' headers with the first few samples (declaring all 2000 of tests/data's
+    subset: truncated as they stand), and the same with the count patched to what the slice holds
+    (valid)."""
     out = {}
     for kind, tag, ndim, item in (("images", "idx3", 3, 784), ("labels", "idx1", 1, 1)):
-        p = os.path.join(MNIST_DIR, f"t10k-{kind}-{tag}-ubyte.gz")
-        if os.path.isfile(p):
-            with gzip.open(p, "rb") as f:
-                head = f.read(4 + 4 * ndim + 4 * item)
-            out[kind] = [head, head[:4] + struct.pack(">I", 4) + head[8:]]
+        with gzip.open(mnist_dir / f"t10k-{kind}-{tag}-ubyte.gz", "rb") as f:
+            head = f.read(4 + 4 * ndim + 4 * item)
+        out[kind] = [head, head[:4] + struct.pack(">I", 4) + head[8:]]
     return out
 
 
 @pytest.fixture(scope="module")
-def idx_bases():
+def idx_bases(testdata):
     rng = np.random.default_rng(0)
     bases = {"images": [idx(2051, (3, 28, 28), rng.integers(0, 256, 3 * 784, np.uint8).tobytes()),
                         idx(2051, (0, 28, 28), b"")],
              "labels": [idx(2049, (6,), bytes([0, 1, 2, 9, 5, 3])), idx(2049, (0,), b"")]}
-    for kind, heads in real_mnist_heads().items():
+    for kind, heads in real_mnist_heads(testdata.mnist).items():
         bases[kind] += heads
     return bases
 
@@ -633,14 +626,13 @@ def test_gguf_big_endian_model_loads(tmp_path, gguf_bases):
     assert arch == "mnist-cnn" and all(np.array_equal(params[k], want[k]) for k in want)
 
 
-def test_gguf_foreign_model_rejected_before_its_tensors_are_read(tmp_path):
-    if not os.path.isfile(STORIES):
-        pytest.skip(f"stories260K.gguf not found at {os.path.abspath(STORIES)}")
+def test_gguf_foreign_model_rejected_before_its_tensors_are_read(testdata):
+    stories = str(testdata.stories)
     with limits(peak_bytes=256 << 10):               # the file is 1.2 MB: no tensor was read
         with pytest.raises(jg.ModelFormatError, match="unknown architecture 'llama'"):
-            gguf_io.load_model(STORIES)
+            gguf_io.load_model(stories)
     with pytest.raises(jg.ModelFormatError, match="architecture is 'llama', expected 'mnist-fc'"):
-        gguf_io.load_model(STORIES, arch="mnist-fc")
+        gguf_io.load_model(stories, arch="mnist-fc")
 
 
 def test_gguf_os_errors_stay_os_errors(tmp_path):

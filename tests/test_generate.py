@@ -5,7 +5,6 @@ continuations against llama.cpp's, logits against the full-sequence forward, sam
 import contextlib
 import io
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +16,6 @@ from jitgraph.models.generate import (ContextFull, Generator, Sampler,
                                       llama_decoder)
 from jitgraph.models.llama import LlamaConfig, llama_forward, llama_inputs
 from jitgraph.passes.memory_check import check_plan
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-MODEL = DATA / "gguf" / "stories260K.gguf"
-REFERENCE = DATA / "gguf" / "stories260K-reference.json"
 
 
 @pytest.fixture(scope="module")
@@ -284,17 +279,17 @@ def run_cli(*argv):
     return rc, out.getvalue(), err.getvalue()
 
 
-def test_cli_generate(model, ref):
-    c = ref["greedy"][0]
-    rc, out, err = run_cli("generate", str(MODEL), "--prompt", c["prompt"], "-n", "48",
+def test_cli_generate(testdata, ref):
+    c, model = ref["greedy"][0], str(testdata.stories)
+    rc, out, err = run_cli("generate", model, "--prompt", c["prompt"], "-n", "48",
                            "--temp", "0", "--ctx", "96", "--chunk", "8", "--json")
     assert rc == 0, err
     text, last = out.rsplit("\n", 2)[0], json.loads(out.splitlines()[-1])
     assert text == c["prompt"] + c["text"]                    # streamed as generated
     assert last["tokens"] == 48 and last["text"] == c["text"] and last["tokens_per_second"] > 0
     assert "tokens/s" in err
-    rc, out, err = run_cli("generate", str(MODEL), "--prompt", c["prompt"], "-n", "600")
+    rc, out, err = run_cli("generate", model, "--prompt", c["prompt"], "-n", "600")
     assert rc == 2 and out == ""
     assert "exceed the context of 512 tokens (the KV cache's capacity)" in err
-    rc, out, err = run_cli("generate", str(MODEL), "-n", "8", "--ctx", "4096")
+    rc, out, err = run_cli("generate", model, "-n", "8", "--ctx", "4096")
     assert rc == 2 and "context length 2048" in err

@@ -1,8 +1,6 @@
 """Llama models: the SPM tokenizer, config and weights in llama.cpp's GGUF layout, and the forward
-graph, checked against what llama.cpp computes for stories260K.gguf (shared/data/gguf)."""
-import json
+graph, checked against what llama.cpp computes for stories260K.gguf (tests/data)."""
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,16 +11,10 @@ from jitgraph.models.llama import (LlamaConfig, greedy, llama_forward, llama_inp
                                    write_llama)
 from jitgraph.ops import round_f16
 from jitgraph.models.reference import llama_logits
+from jitgraph.models.text import read_corpus
 from jitgraph.models.tokenizer import BYTE, CONTROL, NORMAL, SPACE, Tokenizer, build_vocab
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-MODEL = DATA / "gguf" / "stories260K.gguf"
-REFERENCE = DATA / "gguf" / "stories260K-reference.json"
-SHAKESPEARE = DATA / "text" / "tinyshakespeare.txt"
 F16_CACHE_TOL = 5e-4   # logits against llama.cpp's with an F16 KV cache (test_logits_interp)
-needs_model = pytest.mark.skipif(not (MODEL.exists() and REFERENCE.exists()),
-                                 reason=f"{MODEL} (llama.cpp's stories260K test model) and its "
-                                        f"reference outputs are not present")
 
 
 def load_params(prog, params):
@@ -32,7 +24,6 @@ def load_params(prog, params):
 
 
 # ---- tokenizer -----------------------------------------------------------------------------
-@needs_model
 def test_tokenizer_matches_llama_cpp(model, ref):
     tok = model[2]
     assert len(ref["tokenize"]) == 9
@@ -45,7 +36,6 @@ def test_tokenizer_matches_llama_cpp(model, ref):
         assert tok.decode(case["ids"]) == case["text"]
 
 
-@needs_model
 def test_tokenizer_details(model):
     tok = model[2]
     assert (tok.bos_id, tok.eos_id, tok.unk_id, tok.add_bos, tok.add_space_prefix) == \
@@ -68,7 +58,6 @@ def test_tokenizer_details(model):
 
 
 # ---- the forward graph against llama.cpp ------------------------------------------------------
-@needs_model
 @pytest.mark.parametrize("kv_f16", [True, False])
 def test_logits_interp(model, ref, kv_f16):
     cfg, params, _ = model
@@ -87,7 +76,6 @@ def test_logits_interp(model, ref, kv_f16):
     assert out[0].argmax(-1).tolist() == ref["logits"]["argmax"]
 
 
-@needs_model
 def test_logits_compiled(model, ref):
     cfg, params, _ = model
     ids = ref["logits"]["prompt_ids"]
@@ -98,7 +86,6 @@ def test_logits_compiled(model, ref):
     assert out[0].argmax(-1).tolist() == ref["logits"]["argmax"]
 
 
-@needs_model
 def test_greedy_matches_llama_cpp(model, ref):
     """Both prompts in one batch, recomputing the whole (right-padded) sequence every step."""
     cfg, params, tok = model
@@ -114,7 +101,6 @@ def test_greedy_matches_llama_cpp(model, ref):
 
 
 # ---- GGUF files ----------------------------------------------------------------------------
-@needs_model
 def test_gguf_round_trip(model, ref, tmp_path):
     cfg, params, tok = model
     path = tmp_path / "copy.gguf"
@@ -219,8 +205,8 @@ def test_round_f16():
 
 # ---- vocabularies for models trained from scratch --------------------------------------------
 def test_build_vocab_round_trip(tmp_path):
-    text = SHAKESPEARE.read_text()[:50_000] if SHAKESPEARE.exists() else \
-        "Once upon a time, there was a little girl named Lily. She loved to play outside.\n" * 50
+    # the first 50,000 bytes of tiny shakespeare (the package's corpus is the file's head)
+    text = read_corpus()[:50_000].decode()
     tok = build_vocab(text, vocab_size=400)
     assert len(tok) == 400
     assert tok.tokens[:3] == ["<unk>", "<s>", "</s>"] and tok.types[:3] == [2, CONTROL, CONTROL]

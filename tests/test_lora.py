@@ -4,7 +4,6 @@ back with the gguf library, round trip, errors), merge == unmerged, and the --lo
 commands."""
 import json
 import math
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -20,9 +19,6 @@ from jitgraph.printer import param_roles
 from jitgraph.testing import check_grad
 from jitgraph.types import ShapeError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-MODEL = DATA / "gguf" / "stories260K.gguf"
-SHAKESPEARE = DATA / "text" / "tinyshakespeare.txt"
 TINY = LlamaConfig(vocab=40, dim=32, layers=2, heads=4, kv_heads=2, ff=48, ctx=64)
 
 
@@ -299,17 +295,17 @@ def test_lora_identity_at_step_0_and_merge_equals_unmerged_on_stories260k(model)
 
 # ---- the commands ------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} is not present")
-def test_lora_commands_generate_perplexity_export(model, tmp_path, capsys):
+def test_lora_commands_generate_perplexity_export(model, testdata, tmp_path, capsys):
     from jitgraph import cli
-    cfg = model[0]
+    from jitgraph.models.text import read_corpus
+    cfg, stories = model[0], str(testdata.stories)
     adapter = tmp_path / "ad.gguf"
     ad = tiny_adapter(cfg, rank=4, seed=1, names=("attn_q", "attn_v"))
     ad = {k: v * 0.1 for k, v in ad.items()}
     write_adapter(adapter, cfg, ad, alpha=4.0)
     text = tmp_path / "t.txt"
-    text.write_bytes(SHAKESPEARE.read_bytes()[:1500])
-    ppl = ["perplexity", str(MODEL), "--text", str(text), "--split", "all", "--ctx", "16",
+    text.write_bytes(read_corpus()[:1500])                # the first lines of tiny shakespeare
+    ppl = ["perplexity", stories, "--text", str(text), "--split", "all", "--ctx", "16",
            "--batch-size", "2", "--json", "--quiet"]
 
     def run(argv):
@@ -320,12 +316,12 @@ def test_lora_commands_generate_perplexity_export(model, tmp_path, capsys):
     assert run(ppl + ["--lora", str(adapter), "--lora-scale", "0"])["perplexity"] == base
     unmerged = run(ppl + ["--lora", str(adapter)])["perplexity"]
     merged_path = tmp_path / "merged.gguf"
-    assert cli.main(["export", str(MODEL), "--lora", str(adapter), "--out",
+    assert cli.main(["export", stories, "--lora", str(adapter), "--out",
                      str(merged_path), "--quiet"]) == 0
     merged = run(["perplexity", str(merged_path)] + ppl[2:])["perplexity"]
     assert abs(unmerged / base - 1) > 1e-3                  # the adapter changes the model
     assert merged == pytest.approx(unmerged, rel=1e-5)
-    gen = ["generate", str(MODEL), "--prompt", "Once upon a time", "-n", "12", "--temp", "0",
+    gen = ["generate", stories, "--prompt", "Once upon a time", "-n", "12", "--temp", "0",
            "--chunk", "1", "--json", "--quiet"]
     assert run(gen + ["--lora", str(adapter), "--lora-scale", "0"])["text"] == run(gen)["text"]
     # the decode program (V projection W x^T: the weight on the left) with the adapter, unmerged,
@@ -354,5 +350,5 @@ def test_lora_commands_generate_perplexity_export(model, tmp_path, capsys):
     assert "wrong base model" in capsys.readouterr().err
     assert cli.main(ppl + ["--lora-scale", "2"]) == 2
     assert "--lora-scale needs --lora" in capsys.readouterr().err
-    assert cli.main(["export", str(MODEL), "--lora", str(adapter), "--out", str(adapter)]) == 2
+    assert cli.main(["export", stories, "--lora", str(adapter), "--out", str(adapter)]) == 2
     assert "names an input file" in capsys.readouterr().err

@@ -2,7 +2,6 @@
 the held-out tail of tiny shakespeare, the method against an independent float64 numpy
 computation on a tiny random model, and the byte-split convention."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,40 +12,32 @@ from jitgraph.models.perplexity import perplexity, split_text
 from jitgraph.models.reference import llama_logits
 from jitgraph.models.tokenizer import build_vocab
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-MODEL = DATA / "gguf" / "stories260K.gguf"
-SHAKESPEARE = DATA / "text" / "tinyshakespeare.txt"
-
 
 # ---- llama.cpp's value --------------------------------------------------------------------------
-@pytest.mark.skipif(not (MODEL.exists() and SHAKESPEARE.exists()),
-                    reason=f"{MODEL} (llama.cpp's stories260K test model) or {SHAKESPEARE} is "
-                           f"not present")
-def test_stories260k_tinyshakespeare_matches_llama_cpp():
+def test_stories260k_tinyshakespeare_matches_llama_cpp(testdata):
     """llama-perplexity -m stories260K.gguf -f <last 10 % of tinyshakespeare.txt> -c 128:
-    547 chunks, Final estimate: PPL = 156.82."""
-    text = split_text(SHAKESPEARE)
+    547 chunks, Final estimate: PPL = 156.82. tests/data holds exactly that tail."""
+    text = split_text(testdata.shakespeare_tail, "all")
     # in plain f32 (6x faster here than rounding K, V, q and the probabilities to f16 as
     # llama.cpp's F16 KV cache does): 156.824; with kv_f16=True (the default) 156.819
-    r = perplexity(MODEL, text, n_ctx=128, batch=16, kv_f16=False)
+    r = perplexity(testdata.stories, text, n_ctx=128, batch=16, kv_f16=False)
     assert (r.chunks, r.scored) == (547, 34461)
     assert len(r.running) == 547 and r.running[-1] == pytest.approx(r.ppl, rel=1e-12)
     assert abs(r.ppl / 156.82 - 1) < 0.005, r.ppl
     assert 0 < r.uncertainty < 0.05 * r.ppl
 
 
-@pytest.mark.skipif(not (MODEL.exists() and SHAKESPEARE.exists()),
-                    reason=f"{MODEL} or {SHAKESPEARE} is not present")
-def test_the_perplexity_command(capsys):
+def test_the_perplexity_command(testdata, capsys):
     import json
 
     from jitgraph import cli
-    assert cli.main(["perplexity", str(MODEL), "--text", str(SHAKESPEARE), "--ctx", "128",
-                     "--batch-size", "16", "--json", "--quiet"]) == 0
+    model = str(testdata.stories)
+    assert cli.main(["perplexity", model, "--text", str(testdata.shakespeare_tail), "--split",
+                     "all", "--ctx", "128", "--batch-size", "16", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (out["chunks"], out["scored_tokens"]) == (547, 34461)
     assert abs(out["perplexity"] / 156.82 - 1) < 0.005
-    assert cli.main(["perplexity", str(MODEL), "--quiet"]) == 2        # no --text
+    assert cli.main(["perplexity", model, "--quiet"]) == 2             # no --text
     assert "--text FILE is required" in capsys.readouterr().err
 
 
@@ -150,10 +141,13 @@ def test_split_text_bytes(tmp_path):
             split_text(data, bad)
 
 
-@pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} is not present")
-def test_split_text_shakespeare():
-    data = SHAKESPEARE.read_bytes()
-    cut = int(0.9 * len(data))
-    assert cut == 1003854
-    assert split_text(SHAKESPEARE) == data[cut:].decode()
-    assert split_text(SHAKESPEARE, "head:0.1") + split_text(SHAKESPEARE) == data.decode()
+def test_split_text_shakespeare(testdata, tmp_path):
+    """tests/data's tail is the held-out split of tiny shakespeare (1,115,394 bytes, cut at
+    int(0.9 * size) = 1,003,854): in a file of that size ending in it, the default split is
+    exactly the tail, and head + tail is the file."""
+    tail = testdata.shakespeare_tail.read_bytes()
+    assert len(tail) == 1115394 - 1003854
+    data = b"\n" * 1003854 + tail
+    (tmp_path / "t.txt").write_bytes(data)
+    assert split_text(tmp_path / "t.txt") == tail.decode()
+    assert split_text(data, "head:0.1") + split_text(data) == data.decode()
