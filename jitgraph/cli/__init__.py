@@ -740,7 +740,7 @@ def parser():
     q.add_argument("--quiet", action="store_true", help="print only the JSON / the result")
     add_target_flags(q)
     _lora_options(q)
-    q.set_defaults(fn=_perplexity, parser=q)
+    q.set_defaults(fn=lambda a: in_worker(_perplexity, a), parser=q)
 
     n = command("generate", "generate text with a llama GGUF model: one compiled decode "
                             "program over a KV cache, streaming the text")
@@ -776,7 +776,7 @@ def parser():
                    help="no streamed text and no summary line: only the JSON")
     _lora_options(n)
     add_target_flags(n)
-    n.set_defaults(fn=_generate, parser=n)
+    n.set_defaults(fn=lambda a: in_worker(_generate, a), parser=n)
 
     x = command("export", "merge a LoRA adapter into a llama GGUF model, as llama.cpp's "
                           "export-lora does")
@@ -809,6 +809,29 @@ def _interrupted(cmd, how, code):
     print(f"{start}jitgraph {cmd}: {how}{''.join('; ' + s for s in saved)}", file=sys.stderr,
           flush=True)
     return code
+
+
+def in_worker(fn, *args):
+    """fn(*args) on a daemon thread while the main thread waits: a long native call (the
+    compiled step releases the GIL) cannot hold off Ctrl-C or SIGTERM, whose exceptions the
+    main thread raises at once; the worker ends with the process. For commands that write
+    nothing (generate, perplexity): nothing is left half done."""
+    import threading
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:          # noqa: BLE001 - re-raised on the main thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="jitgraph-worker", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
