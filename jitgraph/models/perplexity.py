@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .finite import fail
+
 __all__ = ["PerplexityResult", "perplexity", "split_text", "nll_of_logits"]
+
+_MAX_NLL = math.log(sys.float_info.max)     # a mean NLL above this: exp() overflows, PPL is inf
 
 
 # ---- the held-out split -------------------------------------------------------------------------
@@ -246,6 +251,11 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
             nll += float(row.sum())
             nll2 += float((row * row).sum())
             count += per_chunk
+            if not nll / count < _MAX_NLL:                 # NaN/Inf logits, or exp overflows
+                what = (f"are so large that PPL overflows (mean NLL {nll / count:.3g} nats)"
+                        if math.isfinite(nll) else "are NaN/Inf")
+                fail(f"perplexity: the logits of chunk {len(running) + 1} {what}",
+                     params.items(), adapter)
             running.append(math.exp(nll / count))
         if progress is not None:
             progress(start + n, n_chunk, running[-1])
