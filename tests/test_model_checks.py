@@ -169,7 +169,8 @@ def test_commands_refuse_a_mismatched_tokenizer(tmp_path, vocab, params, text_fi
     short = Tokenizer(vocab.tokens[:-5], vocab.scores[:-5], vocab.types[:-5])
     path = write_model(tmp_path / "m.gguf", config(len(vocab)), params, short)
     argv = {"generate": ["generate", path, "--prompt", "the cat", "-n", "4"],
-            "perplexity": ["perplexity", path, "--text", text_file, "--split", "all", "--ctx", "16"],
+            "perplexity": ["perplexity", path, "--text", text_file, "--split", "all", "--ctx",
+                           "16"],
             "finetune": ["finetune", path, "--text", text_file, "--lora-rank", "2", "--ctx",
                          "16", "--steps", "1", "--out", str(tmp_path / "out.gguf")]}[cmd]
     assert cli.main(argv) == 2

@@ -384,11 +384,13 @@ def _perplexity(args):
     _say(args, f"{args.model_file}: {model[0].layers} layers, width {model[0].dim}; text "
                f"{args.text} ({args.split}: {len(text.encode())} bytes), n_ctx {args.ctx}")
     bar = None if args.quiet or not sys.stderr.isatty() else _tqdm_bar("perplexity")
-    res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
-                     progress=None if bar is None else bar, lora=lora,
-                     lora_scale=args.lora_scale, target=target)
-    if bar is not None:
-        bar.close()
+    try:
+        res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
+                         progress=None if bar is None else bar, lora=lora,
+                         lora_scale=args.lora_scale, target=target)
+    finally:                        # an error's line is not written over the bar
+        if bar is not None:
+            bar.close()
     _say(args, res)
     if args.json:
         print(json.dumps({"perplexity": res.ppl, "uncertainty": res.uncertainty,

@@ -254,7 +254,8 @@ def _value(cur, vtype, key):
 
 def _header(f, path):
     """(metadata {key: (type, value)}, tensor infos [(name, type, dims, start, nbytes)], byte
-    order), every tensor's data checked to lie inside the file, no two overlapping."""
+    order), every tensor's data checked to lie inside the file, no two overlapping, and none
+    followed by more than padding (_check_extent)."""
     size = os.fstat(f.fileno()).st_size
     cur = _Cursor(f, size, path)
     if size < 24:

@@ -32,7 +32,8 @@ the logits agree with llama.cpp's to ~3e-6 and greedy continuations token for to
 
 Sampling (Sampler) follows llama.cpp's default chain on the host: top-k, then top-p (on the
 softmax of the logits), then temperature, then a draw from numpy's PCG64 seeded by `seed`;
-temperature 0 is greedy (argmax, the first of equal maxima).
+temperature 0 is greedy (argmax, the first of equal maxima). A row of logits holding NaN/Inf is
+never sampled: generate raises NonFiniteError naming the likely cause (jitgraph/models/finite.py).
 """
 from __future__ import annotations
 
@@ -361,7 +362,6 @@ class Generator:
         return GenerationResult(prompt_ids, ids, tok.decode(ids) if tok is not None else "",
                                 stop, t1 - t0, t2 - t1, self.prompt_chunks - chunks0,
                                 self.decode_steps - steps0)
-
 
     def _nonfinite(self, what):
         """Raise NonFiniteError naming the cause (finite.cause), reading the weights back from

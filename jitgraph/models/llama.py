@@ -298,8 +298,9 @@ def _dequantize(t) -> np.ndarray:
 
 def read_llama(path):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
-    llama.cpp GGUF model. The header is bounds-checked first (a malformed file raises
-    jitgraph.ModelFormatError naming it)."""
+    llama.cpp GGUF model. The header is bounds-checked first, then the metadata's types and the
+    vocabulary against token_embd (models/llama_checks.py), before any tensor data is read (a
+    malformed file raises jitgraph.ModelFormatError naming it)."""
     import gguf
 
     from ..formats.gguf import _header

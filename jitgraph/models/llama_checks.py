@@ -20,9 +20,9 @@ _COUNTS = ("llama.embedding_length", "llama.block_count", "llama.attention.head_
            "llama.rope.dimension_count", "llama.context_length", "llama.vocab_size",
            "llama.attention.key_length", "llama.attention.value_length", "llama.expert_count")
 # key -> (allowed GGUF value types, what the message calls them)
+_FLOAT_KEYS = ("llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon")
 _SCALARS = {**{k: (_INTS, "an integer") for k in _COUNTS + (K_BOS, K_EOS, K_UNK)},
-            **{k: (_INTS | _FLOATS, "a number") for k in ("llama.rope.freq_base",
-                                                          "llama.attention.layer_norm_rms_epsilon")},
+            **{k: (_INTS | _FLOATS, "a number") for k in _FLOAT_KEYS},
             **{k: ({int(_T.STRING)}, "a string") for k in (K_MODEL, "llama.rope.scaling.type")},
             **{k: ({int(_T.BOOL)}, "a bool") for k in (K_ADD_BOS, K_ADD_EOS, K_ADD_SPACE)}}
 _ARRAYS = {K_TOKENS: ({int(_T.STRING)}, "strings"), K_SCORES: (_FLOATS, "floats"),

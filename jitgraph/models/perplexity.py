@@ -16,7 +16,9 @@ The method, step by step as llama.cpp does it:
 5. nll and nll^2 are accumulated in double; after each chunk the running estimate
    exp(nll / count) is reported (llama.cpp prints `[k]value,`). The final value is
    ppl = exp(mean nll) with uncertainty ppl * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1))
-   (the standard error of the mean nll, carried through exp to first order).
+   (the standard error of the mean nll, carried through exp to first order). A NaN/Inf sum
+   (NaN/Inf logits), or a mean nll whose exp overflows, raises NonFiniteError naming the likely
+   cause (jitgraph/models/finite.py).
 
 The logits come from one compiled forward program of fixed shape [batch, n_ctx] (jg.compile
 runs once per call); a last partial batch of chunks is padded with BOS rows whose logits are
