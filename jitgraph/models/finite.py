@@ -46,7 +46,7 @@ def cause(weights, adapter=None) -> str:
         return (f"the weights and the LoRA adapter are finite: the adapter at scale {scale:g} "
                 f"overflows (try a smaller --lora-scale)")
     where = "" if big is None else f" (the largest |weight| is {top:.3g}, in {big})"
-    return f"the weights are finite but the computation overflows{where}"
+    return f"the weights are finite but too large for the computation{where}"
 
 
 def fail(what: str, weights, adapter=None):
