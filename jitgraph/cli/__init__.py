@@ -415,9 +415,8 @@ def _for_terminal(text: str) -> str:
 def _check_stdout(args):
     """Raise OSError when standard output is closed (`>&-`) and the command has output."""
     if sys.stdout is None and (args.json or not args.quiet):
-        raise OSError(f"standard output is closed: nowhere to write the "
-                      f"{'result' if args.quiet else 'text'}; redirect it (e.g. >/dev/null) or "
-                      f"pass --quiet")
+        raise OSError(f"standard output is closed: nowhere to write the output; redirect it "
+                      f"(e.g. >/dev/null){'' if args.json else ' or pass --quiet'}")
 
 
 def _generate(args):
