@@ -333,11 +333,14 @@ def test_terminal_escapes_cover_c0_del_c1_and_undecodable_bytes():
     assert cli._for_terminal(raw) == "a\\x9b\\xc3("
 
 
-def test_closed_stdout_is_one_line(tmp_path, vocab, params):
+@pytest.mark.parametrize("cmd", ["generate", "perplexity"])
+def test_closed_stdout_is_one_line(tmp_path, vocab, params, text_file, cmd):
     model = str(tmp_path / "m.gguf")
     write_llama(model, config(len(vocab)), params, vocab)
-    r = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *JITGRAPH, "generate", model,
-                        "--prompt", "the cat", "-n", "3"], stderr=subprocess.PIPE, timeout=300)
+    args = {"generate": ["--prompt", "the cat", "-n", "3"],
+            "perplexity": ["--text", text_file, "--split", "all", "--ctx", "16", "--json"]}[cmd]
+    r = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *JITGRAPH, cmd, model, *args],
+                       stderr=subprocess.PIPE, timeout=300)
     err = r.stderr.decode().strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1, err
     assert "standard output is closed" in err and "Traceback" not in err, err
