@@ -398,6 +398,7 @@ def _perplexity(args):
     from ..models.llama import read_llama
     from ..models.perplexity import perplexity, split_text
     _check_model_file(args.model_file, "model")
+    _check_stdout(args)
     model = read_llama(args.model_file)
     if args.text is None:
         raise ValueError("--text FILE is required: the text to score (e.g. "
@@ -410,11 +411,13 @@ def _perplexity(args):
     _say(args, f"{args.model_file}: {model[0].layers} layers, width {model[0].dim}; text "
                f"{args.text} ({args.split}: {len(part)} bytes), n_ctx {args.ctx}")
     bar = None if args.quiet or not sys.stderr.isatty() else _tqdm_bar("perplexity")
-    res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
-                     progress=None if bar is None else bar, lora=lora,
-                     lora_scale=args.lora_scale, target=target)
-    if bar is not None:
-        bar.close()
+    try:
+        res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
+                         progress=None if bar is None else bar, lora=lora,
+                         lora_scale=args.lora_scale, target=target)
+    finally:                        # an error's line is not written over the bar
+        if bar is not None:
+            bar.close()
     _say(args, res)
     if args.json:
         print(json.dumps({"perplexity": res.ppl, "uncertainty": res.uncertainty,
@@ -424,10 +427,31 @@ def _perplexity(args):
     return 0
 
 
+# C0 controls but newline and tab, DEL, and C1 controls, shown as Python escapes on a terminal:
+# a token's bytes (or a prompt) holding ESC ] 0 ; ... BEL would retitle the window, ESC [ 2 J clear
+# it. A prompt's undecodable bytes (surrogate escapes) are shown as \xNN too. Piped output is
+# written as it is.
+_CONTROLS = {**{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)},
+             **{c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)}}
+
+
+def _for_terminal(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
+def _check_stdout(args):
+    """Raise OSError when standard output is closed (`>&-`) and the command has output."""
+    if sys.stdout is None and (args.json or not args.quiet):
+        raise OSError(f"standard output is closed: nowhere to write the output; redirect it "
+                      f"(e.g. >/dev/null){'' if args.json else ' or pass --quiet'}")
+
+
 def _generate(args):
+    from ..errors import NonFiniteError
     from ..models.generate import Generator, Sampler, check_context, stream_text
     from ..models.llama import read_llama
     _check_model_file(args.model_file, "model")
+    _check_stdout(args)
     apply_threads(args)
     cfg, params, tok = read_llama(args.model_file)
     if tok is None:
@@ -447,17 +471,23 @@ def _generate(args):
                         kv_f16=not args.no_kv_f16, lora=lora, lora_scale=args.lora_scale,
                         target=target)
     out = sys.stdout
+    shown = _for_terminal if out is not None and out.isatty() else str
 
     def write(text):
-        out.write(text)
+        out.write(shown(text))
         out.flush()
 
     on_token = None
     if not args.quiet:
         write(args.prompt)
         on_token = stream_text(tok, write)
-    res = gen.generate(prompt_ids, args.n_predict, sampler, stop_at_eos=not args.ignore_eos,
-                       on_token=on_token)
+    try:
+        res = gen.generate(prompt_ids, args.n_predict, sampler, stop_at_eos=not args.ignore_eos,
+                           on_token=on_token)
+    except NonFiniteError:
+        if on_token is not None:
+            write("\n")                 # the error line starts on a line of its own
+        raise
     if on_token is not None:
         on_token.flush()
         write("\n")

@@ -235,7 +235,8 @@ def _value(cur, vtype, key):
 
 def _header(f, path):
     """(metadata {key: (type, value)}, tensor infos [(name, type, dims, start, nbytes)], byte
-    order), every tensor's data checked to lie inside the file, no two overlapping."""
+    order), every tensor's data checked to lie inside the file, no two overlapping, and none
+    followed by more than padding (_check_extent)."""
     size = os.fstat(f.fileno()).st_size
     cur = _Cursor(f, size, path)
     if size < 24:
@@ -298,15 +299,30 @@ def _header(f, path):
         infos.append((name, ttype, dims, offset, math.prod(dims) // block * type_size))
     data = cur.pos + (-cur.pos) % alignment
     infos = [(name, t, dims, data + off, nbytes) for name, t, dims, off, nbytes in infos]
+    placed = sorted(infos, key=lambda i: (i[3], i[4]))
     end = data
-    for name, _, dims, start, nbytes in sorted(infos, key=lambda i: (i[3], i[4])):
+    for name, _, dims, start, nbytes in placed:
         if start + nbytes > size:
             cur.fail(f"truncated or corrupt: tensor {name!r} ({list(dims)}, {nbytes} bytes at "
                      f"offset {start}) runs past the end of the file ({size} bytes)")
         if start < end:
             cur.fail(f"corrupt: tensor {name!r} overlaps the data of another tensor")
         end = start + nbytes
+    for info, after in zip(placed, [i[3] for i in placed[1:]] + [size]):
+        _check_extent(cur, info, after - info[3] - info[4], alignment)
     return kv, infos, cur.order
+
+
+def _check_extent(cur, info, gap, alignment):
+    """ggml lays the tensors' data out back to back, each padded to the alignment: more than
+    padding after a tensor means its data is larger than its declared type and shape say (an F32
+    tensor labelled Q4_0), which reading would silently misinterpret."""
+    if gap < alignment:
+        return
+    name, ttype, dims, _, nbytes = info
+    cur.fail(f"tensor {name!r}: {ttype.name} {list(dims)} is {nbytes} bytes, but {nbytes + gap} "
+             f"bytes lie before the next tensor's data (or the file's end); its declared type or "
+             f"shape is wrong")
 
 
 def _string(kv, key, path):

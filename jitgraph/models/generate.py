@@ -32,7 +32,8 @@ the logits agree with llama.cpp's to ~3e-6 and greedy continuations token for to
 
 Sampling (Sampler) follows llama.cpp's default chain on the host: top-k, then top-p (on the
 softmax of the logits), then temperature, then a draw from numpy's PCG64 seeded by `seed`;
-temperature 0 is greedy (argmax, the first of equal maxima).
+temperature 0 is greedy (argmax, the first of equal maxima). A row of logits holding NaN/Inf is
+never sampled: generate raises NonFiniteError naming the likely cause (jitgraph/models/finite.py).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ import numpy as np
 from .. import init, ops
 from ..ir import Graph
 from ..types import ShapeError
+from .finite import fail, finite_row
 from .llama import LlamaConfig, _rope, _w
 
 __all__ = ["llama_decoder", "Generator", "Sampler", "GenerationResult", "ContextFull",
@@ -224,6 +226,7 @@ class Generator:
         self.config, params, self.tokenizer = _load(model)
         cfg = self.config
         adapter = load_lora(cfg, lora, lora_scale)
+        self._weights, self._adapter = list(params), adapter    # to name a NaN's cause
         ctx = min(512, cfg.ctx) if ctx is None else int(ctx)
         if not 1 <= ctx <= cfg.ctx:
             raise ValueError(f"generate: ctx {ctx} must be in [1, {cfg.ctx}] (the model's "
@@ -343,6 +346,9 @@ class Generator:
         t1 = time.perf_counter()
         ids, stop = [], "length"
         for k in range(n):
+            if not finite_row(logits):
+                self._nonfinite(f"generate: the logits after "
+                                f"{f'generated token {k}' if k else 'the prompt'} are NaN/Inf")
             t = sampler(logits)
             ids.append(t)
             if on_token is not None:
@@ -356,6 +362,12 @@ class Generator:
         return GenerationResult(prompt_ids, ids, tok.decode(ids) if tok is not None else "",
                                 stop, t1 - t0, t2 - t1, self.prompt_chunks - chunks0,
                                 self.decode_steps - steps0)
+
+    def _nonfinite(self, what):
+        """Raise NonFiniteError naming the cause (finite.cause), reading the weights back from
+        the program one at a time."""
+        params = self.decode.params
+        fail(what, ((k, params[k]) for k in self._weights), self._adapter)
 
 
 def stream_text(tokenizer, write):

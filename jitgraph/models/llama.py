@@ -81,9 +81,9 @@ class LlamaConfig:
         if self.rope_dims % 2 or not 0 < self.rope_dims <= self.head_dim:
             raise ShapeError(f"LlamaConfig: rope_dims {self.rope_dims} must be even and in "
                              f"(0, head_dim={self.head_dim}]")
-        if not (self.rope_base > 0 and self.rms_eps > 0):
+        if not (0 < self.rope_base < math.inf and 0 < self.rms_eps < math.inf):
             raise ShapeError(f"LlamaConfig: rope_base {self.rope_base} and rms_eps "
-                             f"{self.rms_eps} must be > 0")
+                             f"{self.rms_eps} must be finite and > 0")
 
     @property
     def head_dim(self) -> int:
@@ -308,17 +308,20 @@ def _not_a_model(md: dict) -> None:
 
 def read_llama(path):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
-    llama.cpp GGUF model. The header is bounds-checked first (a malformed file raises
-    jitgraph.ModelFormatError naming it)."""
+    llama.cpp GGUF model. The header is bounds-checked first, then the metadata's types and the
+    vocabulary against token_embd (models/llama_checks.py), before any tensor data is read (a
+    malformed file raises jitgraph.ModelFormatError naming it)."""
     import gguf
 
     from ..formats.gguf import _header
     from ..errors import ModelFormatError
+    from .llama_checks import check_metadata_types, check_vocabulary
     from .tokenizer import Tokenizer
     path = os.fspath(path)
     with open(path, "rb") as f:
-        _header(f, path)                      # every count and extent checked against the size
+        kv, _, _ = _header(f, path)           # every count and extent checked against the size
     try:
+        check_metadata_types(kv)
         r = gguf.GGUFReader(path)
         md = {k: fl.contents() for k, fl in r.fields.items()}
         _not_a_model(md)
@@ -328,6 +331,8 @@ def read_llama(path):
         missing = [k for k in want if k not in ne]
         if missing:
             raise ValueError(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        embd = ne["token_embd.weight"]
+        check_vocabulary(md, embd[1] if len(embd) == 2 else None)   # before any data is read
         extra = [k for k in ne if k not in want]
         if extra:       # e.g. rope_freqs (llama 3.1 rope scaling), attention biases, experts
             raise ValueError(f"tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} are not "

@@ -16,7 +16,9 @@ The method, step by step as llama.cpp does it:
 5. nll and nll^2 are accumulated in double; after each chunk the running estimate
    exp(nll / count) is reported (llama.cpp prints `[k]value,`). The final value is
    ppl = exp(mean nll) with uncertainty ppl * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1))
-   (the standard error of the mean nll, carried through exp to first order).
+   (the standard error of the mean nll, carried through exp to first order). A NaN/Inf sum
+   (NaN/Inf logits), or a mean nll whose exp overflows, raises NonFiniteError naming the likely
+   cause (jitgraph/models/finite.py).
 
 The logits come from one compiled forward program of fixed shape [batch, n_ctx] (jg.compile
 runs once per call); a last partial batch of chunks is padded with BOS rows whose logits are
@@ -27,12 +29,17 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .finite import fail
+
 __all__ = ["PerplexityResult", "perplexity", "split_text", "nll_of_logits"]
+
+_MAX_NLL = math.log(sys.float_info.max)     # a mean NLL above this: exp() overflows, PPL is inf
 
 
 # ---- the held-out split -------------------------------------------------------------------------
@@ -246,6 +253,11 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
             nll += float(row.sum())
             nll2 += float((row * row).sum())
             count += per_chunk
+            if not nll / count < _MAX_NLL:                 # NaN/Inf logits, or exp overflows
+                what = (f"are so large that PPL overflows (mean NLL {nll / count:.3g} nats)"
+                        if math.isfinite(nll) else "are NaN/Inf")
+                fail(f"perplexity: the logits of chunk {len(running) + 1} {what}",
+                     params.items(), adapter)
             running.append(math.exp(nll / count))
         if progress is not None:
             progress(start + n, n_chunk, running[-1])
