@@ -351,4 +351,4 @@ def test_lora_commands_generate_perplexity_export(model, testdata, tmp_path, cap
     assert cli.main(ppl + ["--lora-scale", "2"]) == 2
     assert "--lora-scale needs --lora" in capsys.readouterr().err
     assert cli.main(["export", stories, "--lora", str(adapter), "--out", str(adapter)]) == 2
-    assert "names an input file" in capsys.readouterr().err
+    assert "is the input --lora" in capsys.readouterr().err

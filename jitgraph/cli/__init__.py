@@ -252,7 +252,6 @@ def _train_ranks(args, world):
 
     # everything that can fail is checked before anything compiles or trains
     check_outputs(args, {"--resume": args.resume, "--data": args.data})
-    note_unsaved(args, world is None or world.is_root)
     meta = None
     if args.resume:
         _check_model_file(args.resume, "--resume", "a checkpoint file")
@@ -286,6 +285,7 @@ def _train_ranks(args, world):
         _warn(args, f"--resume {args.resume} is at epoch {meta['epoch']}, --epochs is "
                     f"{args.epochs}: nothing left to train")
 
+    note_unsaved(args, world is None or world.is_root)
     graph = MODELS[args.model](args.batch_size if world is None else
                                world.local_batch(args.batch_size))
     acc = lb // args.batch_size
@@ -337,8 +337,9 @@ def _train_ranks(args, world):
     except (KeyboardInterrupt, Terminated):
         if args.out and world is None:      # the weights after the last whole step
             save_model(args.out, args.model, dict(prog.params), data=_data_kind(args))
-            _Run.out = (args.out, f"the model after {prog.calls} steps (interrupted in epoch "
-                                  f"{trainer.epoch + 1})")
+            n = prog.calls
+            _Run.out = (args.out, f"the model after {n} step{'s' * (n != 1)} (interrupted in "
+                                  f"epoch {trainer.epoch + 1})")
         raise
     test = evaluate(trainer.evaluator, test_ds, args.batch_size, progress, world=world)
     _say(args, f"test ({test.ndata} samples): {test}")

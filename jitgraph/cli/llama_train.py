@@ -694,9 +694,11 @@ def _train_llama(args, world):
     from ..models.llama import llama_forward, write_llama
     from ..models.text import tokenize_split
     kind = "train-llama"
-    resumed = _resume(args, kind, TRAIN_RESUMED) if args.resume else None
-    _check_outputs(args)                 # (the text recorded in the checkpoint included)
-    note_unsaved(args, not getattr(args, "rank", 0))
+    _check_outputs(args)
+    resumed = None
+    if args.resume:
+        resumed = _resume(args, kind, TRAIN_RESUMED)
+        _check_outputs(args)             # the text the checkpoint recorded too
     data, what = _read_text(args, resumed and resumed[4])
     if resumed:
         tok, how = resumed[1], "vocabulary of the checkpoint"
@@ -708,6 +710,7 @@ def _train_llama(args, world):
     _say(args, f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
                f"{split.size - split.cut:,} held out), {how} ({len(tok)} tokens): "
                f"{len(split.train):,} + {len(split.val):,} tokens")
+    note_unsaved(args, not getattr(args, "rank", 0))
     local = args.batch_size if world is None else world.local_batch(args.batch_size)
     graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_train")
     prog, acc, compile_s, trainer = _build(
@@ -778,8 +781,11 @@ def _finetune(args, world):
     from ..models.text import split_bytes, tokenize_split
     kind = "finetune"
     _check_model_file(args.base, "base model")
-    resumed = _resume(args, kind, FINETUNE_RESUMED) if args.resume else None
     _check_outputs(args, **{"the base model": args.base})
+    resumed = None
+    if args.resume:
+        resumed = _resume(args, kind, FINETUNE_RESUMED)
+        _check_outputs(args, **{"the base model": args.base})    # the recorded text too
     if args.lora_alpha is not None and args.full:
         raise ValueError("--lora-alpha applies to --lora-rank, not --full")
     cfg, base, tok = read_llama(args.base)
