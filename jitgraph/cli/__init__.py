@@ -848,6 +848,9 @@ def in_worker(fn, *args):
     main thread raises at once; the worker ends with the process. For commands that write
     nothing (generate, perplexity): nothing is left half done."""
     import threading
+
+    from ..runtime.cpu import blas  # noqa: F401  (it sets up OpenBLAS's threads on load, which
+    #                                 it may do only while no other thread runs)
     box = {}
 
     def run():
