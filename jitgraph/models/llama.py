@@ -401,7 +401,7 @@ def read_llama(path):
         extra = [k for k in ne if k not in want]
         if extra:       # e.g. phi3's long-context rope factors, qwen2's output.bias, experts
             raise ValueError(f"tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} are not "
-                             f"supported by this llama graph")
+                             f"supported by jitgraph's {cfg.arch} graph")
         params = {}
         for t in r.tensors:
             if t.name not in want:
