@@ -460,7 +460,7 @@ def _generate(args):
     ctx = args.ctx if args.ctx is not None else min(512, cfg.ctx)
     if ctx > cfg.ctx:
         raise ValueError(f"--ctx {ctx} exceeds the model's context length {cfg.ctx} "
-                         f"(llama.context_length)")
+                         f"({cfg.arch}.context_length)")
     prompt_ids = tok.encode(args.prompt, bos=tok.add_bos)
     check_context(len(prompt_ids), args.n_predict, ctx)   # before compiling anything
     target = compile_target(args)

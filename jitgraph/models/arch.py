@@ -15,6 +15,10 @@ holds says how it computes:
   divided by its entry (ggml_rope_ext's freq_factors);
 - output.weight absent: the output projection is token_embd (tied).
 
+A tensor a table lacks (phi3's long-context rope_factors_long / _short, qwen2's output.bias,
+experts) makes read_llama refuse the file, naming it. phi3.attention.sliding_window is read and
+ignored, as llama.cpp does (its llama_model_phi3 turns Phi's sliding window off).
+
 Rope "normal" rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM), "neox" the two halves of a head
 (LLAMA_ROPE_TYPE_NEOX): llama.cpp's llama_model_rope_type per architecture.
 """

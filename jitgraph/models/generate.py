@@ -227,7 +227,7 @@ class Generator:
         ctx = min(512, cfg.ctx) if ctx is None else int(ctx)
         if not 1 <= ctx <= cfg.ctx:
             raise ValueError(f"generate: ctx {ctx} must be in [1, {cfg.ctx}] (the model's "
-                             f"context length, llama.context_length)")
+                             f"context length, {cfg.arch}.context_length)")
         chunk = int(chunk)
         if chunk < 1:
             raise ValueError(f"generate: chunk {chunk} must be >= 1")

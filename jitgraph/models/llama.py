@@ -1,6 +1,10 @@
-"""Llama models in llama.cpp's GGUF layout: the config (`llama.*` metadata), weights (read: F32,
-F16, BF16, Q8_0 and the other types gguf.quants dequantizes; written: F32, F16 or Q8_0), the
-tokenizer (jitgraph.models.tokenizer), and the forward graph llama.cpp's build_llama computes.
+"""Llama-family models in llama.cpp's GGUF layout: the config (`<architecture>.*` metadata),
+weights (read: F32, F16, BF16, Q8_0 and the other types gguf.quants dequantizes; written: F32,
+F16 or Q8_0), the tokenizer (jitgraph.models.tokenizer), and the forward graph llama.cpp's
+build_llama computes. The architectures llama, qwen2 and phi3 differ only in what their tables
+in jitgraph/models/arch.py hold (fused or separate projections, q/k/v biases, rope_freqs, the
+rope variant); `projections`, `ffn` and `_rope` below read the table, for the training graph here
+and generation's decoder alike.
 
 Params carry the GGUF tensor names and numpy layout: a GGUF tensor of ggml shape [ne0, ne1] is a
 row-major array of shape (ne1, ne0), so a projection `blk.N.attn_q.weight` is [out, in] and is
@@ -11,8 +15,9 @@ The forward graph (llama_forward): tokens i32[batch, seq] and pos i32[seq] (rope
 normally 0..seq-1) -> logits f32[batch, seq, vocab]. Per layer: h += Wo attn(rope(Wq x),
 rope(Wk x), Wv x) with x = rms_norm(h) * attn_norm; h += Wdown (silu(Wgate x) * Wup x) with x =
 rms_norm(h) * ffn_norm; then rms_norm * output_norm and the output projection. Rope is llama.cpp's
-NORM mode (LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i], x[2i+1]), angle pos * base^(-2i/n_rot)) on
-the first rope_dims of each head (the rest pass through); attention is causal, scaled by
+NORM mode for llama (LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i], x[2i+1]), angle pos *
+base^(-2i/n_rot), divided by rope_freqs[i] where the model has it), NEOX (the two halves) for
+qwen2 and phi3, on the first rope_dims of each head (the rest pass through); attention is causal, scaled by
 1/sqrt(head_dim), with kv_heads < heads (GQA) sharing each K/V head between heads/kv_heads
 consecutive query heads (query head h reads kv head h // (heads / kv_heads), as ggml broadcasts).
 Attention is one op (ops.attention: its kernel never stores the S x S scores, its backward
@@ -373,7 +378,8 @@ def _not_a_model(md: dict) -> None:
 
 def read_llama(path):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
-    llama.cpp GGUF model. The header is bounds-checked first, then the metadata's types and the
+    llama.cpp GGUF model of an architecture of jitgraph/models/arch.py (the Tokenizer: for a
+    SentencePiece vocabulary, tokenizer.ggml.model = llama). The header is bounds-checked first, then the metadata's types and the
     vocabulary against token_embd (models/llama_checks.py), before any tensor data is read (a
     malformed file raises jitgraph.ModelFormatError naming it)."""
     import gguf
