@@ -209,6 +209,15 @@ def test_lora_roles_on_fused_weights(capsys):
     assert not notes
 
 
+def test_lora_shorthands_skip_biases():
+    """jg.lora's shorthands name weights: on qwen2, q and v adapt attn_q/attn_v.weight, never the
+    biases beside them (which no matmul reads)."""
+    cfg, _, _ = read_llama(_path("qwen2"))
+    g = jg.lora(llama_forward(cfg, 1, 4, labels=True), targets="q,v", rank=2)
+    assert sorted(k for k in g.params if "lora" in k) == sorted(
+        f"blk.{i}.attn_{r}.weight.lora_{x}" for i in range(2) for r in "qv" for x in "ab")
+
+
 def _train_steps(cfg, params, ids, targets=None, steps=6):
     """Losses of `steps` AdamW steps on one row of ids (LoRA on `targets` when given)."""
     from jitgraph.lora import lora
