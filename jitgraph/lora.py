@@ -30,9 +30,12 @@ from .ir import Graph, LEAF_OPS, copy_node, rebuild
 from .ops import matmul, scale
 from .types import ShapeError
 
-# llama shorthands (`--lora-targets q,k,v,o,...`) -> the GGUF tensor name part they stand for
-SHORTHANDS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
-              "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+# llama shorthands (`--lora-targets q,k,v,o,...`) -> the GGUF weight name part they stand for
+# (".weight": a qwen2 bias beside the weight is not matched; phi3's fused weights: the roles
+# of jitgraph/models/arch.py)
+SHORTHANDS = {"q": "attn_q.weight", "k": "attn_k.weight", "v": "attn_v.weight",
+              "o": "attn_output.weight", "gate": "ffn_gate.weight", "up": "ffn_up.weight",
+              "down": "ffn_down.weight"}
 SUFFIX_A, SUFFIX_B = ".lora_a", ".lora_b"
 
 

@@ -404,6 +404,36 @@ def test_partial_rope_llama_and_lora_steps_match_the_cpu_target():
 
 
 @sim_only
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
+def test_architecture_steps_match_the_cpu_target(arch):
+    """jitgraph/models/arch.py's tables on the CUDA target: LLaMA 3.x rope_freqs (rope's
+    frequency factors, forward and backward), qwen2's biases with NEOX rope, phi3's fused
+    attn_qkv and ffn_up: AdamW steps give the CPU target's loss and params."""
+    from jitgraph.models.llama import LlamaConfig, llama_forward
+    cfg = LlamaConfig(vocab=11, dim=8, layers=1, heads=2, kv_heads=1, ff=8, ctx=8, arch=arch,
+                      rope_freqs=arch == "llama", tied=arch != "phi3")
+    rng = np.random.default_rng(3)
+    pos = np.arange(4, dtype=np.int32)
+    opt = dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-2))
+    cpu = jg.compile(llama_forward(cfg, 1, 4, labels=True), **opt)
+    gpu = jg.compile(llama_forward(cfg, 1, 4, labels=True), target="cuda", **opt)
+    _same_params([cpu, gpu], 4)
+    for prog in (cpu, gpu):
+        for k in prog.params:
+            if k.endswith((".bias", "rope_freqs.weight")):     # not their zero / one inits
+                prog.params[k] = np.random.default_rng(5).uniform(0.5, 4.0, prog.params[k].shape)
+    for s in range(2):
+        tok = rng.integers(0, 11, (1, 4)).astype(np.int32)
+        lab = rng.integers(0, 11, (1, 4)).astype(np.int32)
+        rc = cpu.step(tokens=tok, pos=pos, labels=lab)
+        rg = gpu.step(tokens=tok, pos=pos, labels=lab)
+        np.testing.assert_allclose(rg["loss"], rc["loss"], rtol=1e-5, err_msg=f"step {s}")
+    for k in cpu.params:
+        np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-4, atol=1e-6,
+                                   err_msg=k)
+
+
+@sim_only
 def test_decode_and_prefill_steps_match_the_cpu_target():
     """jitgraph/models/generate.py's programs: a prefill chunk and decode steps sharing the
     weights and the KV cache (compile(share=)), positions fed at run time (set_rows into the

@@ -461,7 +461,7 @@ def _generate(args):
     ctx = args.ctx if args.ctx is not None else min(512, cfg.ctx)
     if ctx > cfg.ctx:
         raise ValueError(f"--ctx {ctx} exceeds the model's context length {cfg.ctx} "
-                         f"(llama.context_length)")
+                         f"({cfg.arch}.context_length)")
     prompt_ids = tok.encode(args.prompt, bos=tok.add_bos)
     check_context(len(prompt_ids), args.n_predict, ctx)   # before compiling anything
     target = compile_target(args)
@@ -524,14 +524,15 @@ def _read_lora(args, cfg, merged=False):
 
 
 def _export(args):
-    from ..models.llama import read_llama, write_llama
+    from ..models.llama import read_llama, tokenizer_fields, write_llama
     from ..models.lora import merge
     _check_model_file(args.model_file, "model")
     check_outputs(args, {"the base model": args.model_file, "--lora": args.lora})
     cfg, params, tok = read_llama(args.model_file)
     adapter, alpha = _read_lora(args, cfg, merged=True)
     merged = merge(params, adapter, alpha, args.lora_scale)
-    write_llama(args.out, cfg, merged, tok, ftype=args.ftype,
+    vocabulary = tokenizer_fields(args.model_file) if tok is None else None   # BPE: as it is
+    write_llama(args.out, cfg, merged, tok, ftype=args.ftype, vocabulary=vocabulary,
                 name=f"{os.path.basename(args.model_file)} + {os.path.basename(args.lora)}")
     _say(args, f"saved {args.out}: {args.model_file} with {args.lora} merged (scale "
                f"{args.lora_scale:g}, {args.ftype})")

@@ -133,6 +133,26 @@ def targets_spec(text):
 targets_spec.__name__ = "projection list"
 
 
+def lora_weights(desc, spec: str, say) -> tuple:
+    """--lora-targets roles -> the layer weights of architecture `desc` that get adapters
+    (names ending in .weight, so a bias beside a weight is never matched). A role computed by
+    a fused weight adapts all of it: llama.cpp's adapter format has no per-part form; `say`
+    is told which roles that adapter covers."""
+    roles = spec.split(",")
+    out = []
+    for role in roles:
+        w = desc.weight_of(role)
+        if w in out:
+            continue
+        out.append(w)
+        shared = desc.fused_roles(w)
+        if len(shared) > 1:
+            say(f"note: on {desc.name}, {role} is part of the fused {w[:-len('.weight')]} "
+                f"(roles {','.join(shared)}): the adapter covers the whole fused weight "
+                f"(llama.cpp's adapter format has no per-part form)")
+    return tuple(out)
+
+
 # ---- parsers -----------------------------------------------------------------------------------
 def _loop_options(p, steps):
     p.add_argument("--text", metavar="FILE",
@@ -245,7 +265,7 @@ def save_llama_checkpoint(path, cfg, tok, params: dict, state: dict, meta: dict)
     arrays = {k: np.asarray(v) for k, v in params.items()}
     arrays.update({STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
     meta = {**meta, "shapes": {k: list(a.shape) for k, a in arrays.items()}}
-    with gguf_writer(path, "llama") as w:
+    with gguf_writer(path, cfg.arch) as w:
         w.add_name("jitgraph training checkpoint")
         cfg.to_gguf(w)
         if tok is not None:
@@ -819,7 +839,7 @@ def _finetune(args, world):
     graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_finetune")
     targets = None
     if not args.full:
-        targets = tuple(LORA_TARGETS[t] for t in args.lora_targets.split(","))
+        targets = lora_weights(cfg.description, args.lora_targets, lambda m: _say(args, m))
         graph = lora(graph, targets=targets, rank=args.lora_rank, alpha=alpha, seed=args.seed)
     prog, acc, compile_s, trainer = _build(
         args, graph, "finetune", world,

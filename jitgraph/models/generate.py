@@ -48,7 +48,7 @@ from .. import init, ops
 from ..ir import Graph
 from ..types import ShapeError
 from .finite import fail, finite_row
-from .llama import LlamaConfig, _rope, _w
+from .llama import LlamaConfig, _rope, _w, ffn, projections, rope_freqs
 
 __all__ = ["llama_decoder", "Generator", "Sampler", "GenerationResult", "ContextFull",
            "check_context", "cache_names", "stream_text"]
@@ -85,36 +85,33 @@ def llama_decoder(cfg: LlamaConfig, seq: int, ctx: int, kv_f16: bool = True,
     rows = ctx + 1
     tokens = g.input("tokens", (1, seq), "i32")
     pos = g.input("pos", (seq,), "i32")
-    shapes = cfg.param_shapes()
     embd = _w(g, "token_embd.weight", (cfg.vocab, d), dtype)
     x_h = ops.get_rows(embd, ops.reshape(tokens, (seq,)))            # [S, D]
+    freqs = rope_freqs(g, cfg, dtype)
     updates = {}
     for i in range(cfg.layers):
         p = f"blk.{i}."
         x = ops.rms_norm(x_h, _w(g, p + "attn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
+        proj = projections(g, cfg, p, x, dtype)
 
-        def proj(wname, heads):                        # rope(x W^T) [S, heads, hd]
-            t = ops.matmul(x, _w(g, p + wname, shapes[p + wname], dtype), tb=True)
-            return ops.reshape(_rope(cfg, ops.reshape(t, (1, seq, heads, hd)), pos),
-                               (seq, heads, hd))
+        def roped(role, heads):                        # rope(x W^T) [S, heads, hd]
+            t = ops.reshape(proj(role), (1, seq, heads, hd))
+            return ops.reshape(_rope(cfg, t, pos, freqs), (seq, heads, hd))
 
         kc, vc = (g.param(f"cache/{kv}/{i}", (hkv, hd, rows), dtype, init=init.zeros(),
                           trainable=False) for kv in ("k", "v"))
-        k = proj("attn_k.weight", hkv)                 # the new rows, rows last: [Hkv, hd, S]
+        k = roped("k", hkv)                            # the new rows, rows last: [Hkv, hd, S]
         k = ops.reshape(k, (hkv, hd, 1)) if seq == 1 else ops.permute(k, (1, 2, 0))
-        v = ops.matmul(_w(g, p + "attn_v.weight", (hkv * hd, d), dtype), x, tb=True)  # W x^T
+        v = proj("v", rows_last=True)                  # W x^T: [Hkv * hd, S]
         kc = ops.set_rows(kc, pos, k, axis=2, f16=kv_f16)
         vc = ops.set_rows(vc, pos, ops.reshape(v, (hkv, hd, seq)), axis=2, f16=kv_f16)
         updates[f"cache/k/{i}"], updates[f"cache/v/{i}"] = kc, vc
-        att = ops.kv_attention(proj("attn_q.weight", h), kc, vc, pos,
+        att = ops.kv_attention(roped("q", h), kc, vc, pos,
                                scale=1.0 / math.sqrt(hd), f16=kv_f16)      # [S, H, hd]
         x_h = x_h + ops.matmul(ops.reshape(att, (seq, d)),
                                _w(g, p + "attn_output.weight", (d, d), dtype), tb=True)
         x = ops.rms_norm(x_h, _w(g, p + "ffn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
-        gate = ops.matmul(x, _w(g, p + "ffn_gate.weight", (cfg.ff, d), dtype), tb=True)
-        up = ops.matmul(x, _w(g, p + "ffn_up.weight", (cfg.ff, d), dtype), tb=True)
-        x_h = x_h + ops.matmul(ops.silu(gate) * up,
-                               _w(g, p + "ffn_down.weight", (d, cfg.ff), dtype), tb=True)
+        x_h = x_h + ffn(g, cfg, p, x, dtype)
     if last:
         x_h = ops.get_rows(x_h, g.input("last", (1,), "i32"))         # [1, D]
     x_h = ops.rms_norm(x_h, _w(g, "output_norm.weight", (d,), dtype), eps=cfg.rms_eps)
@@ -230,7 +227,7 @@ class Generator:
         ctx = min(512, cfg.ctx) if ctx is None else int(ctx)
         if not 1 <= ctx <= cfg.ctx:
             raise ValueError(f"generate: ctx {ctx} must be in [1, {cfg.ctx}] (the model's "
-                             f"context length, llama.context_length)")
+                             f"context length, {cfg.arch}.context_length)")
         chunk = int(chunk)
         if chunk < 1:
             raise ValueError(f"generate: chunk {chunk} must be >= 1")

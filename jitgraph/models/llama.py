@@ -1,6 +1,10 @@
-"""Llama models in llama.cpp's GGUF layout: the config (`llama.*` metadata), weights (read: F32,
-F16, BF16, Q8_0 and the other types gguf.quants dequantizes; written: F32, F16 or Q8_0), the
-tokenizer (jitgraph.models.tokenizer), and the forward graph llama.cpp's build_llama computes.
+"""Llama-family models in llama.cpp's GGUF layout: the config (`<architecture>.*` metadata),
+weights (read: F32, F16, BF16, Q8_0 and the other types gguf.quants dequantizes; written: F32,
+F16 or Q8_0), the tokenizer (jitgraph.models.tokenizer), and the forward graph llama.cpp's
+build_llama computes. The architectures llama, qwen2 and phi3 differ only in what their tables
+in jitgraph/models/arch.py hold (fused or separate projections, q/k/v biases, rope_freqs, the
+rope variant); `projections`, `ffn` and `_rope` below read the table, for the training graph here
+and generation's decoder alike.
 
 Params carry the GGUF tensor names and numpy layout: a GGUF tensor of ggml shape [ne0, ne1] is a
 row-major array of shape (ne1, ne0), so a projection `blk.N.attn_q.weight` is [out, in] and is
@@ -11,8 +15,9 @@ The forward graph (llama_forward): tokens i32[batch, seq] and pos i32[seq] (rope
 normally 0..seq-1) -> logits f32[batch, seq, vocab]. Per layer: h += Wo attn(rope(Wq x),
 rope(Wk x), Wv x) with x = rms_norm(h) * attn_norm; h += Wdown (silu(Wgate x) * Wup x) with x =
 rms_norm(h) * ffn_norm; then rms_norm * output_norm and the output projection. Rope is llama.cpp's
-NORM mode (LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i], x[2i+1]), angle pos * base^(-2i/n_rot)) on
-the first rope_dims of each head (the rest pass through); attention is causal, scaled by
+NORM mode for llama (LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i], x[2i+1]), angle pos *
+base^(-2i/n_rot), divided by rope_freqs[i] where the model has it), NEOX (the two halves) for
+qwen2 and phi3, on the first rope_dims of each head (the rest pass through); attention is causal, scaled by
 1/sqrt(head_dim), with kv_heads < heads (GQA) sharing each K/V head between heads/kv_heads
 consecutive query heads (query head h reads kv head h // (heads / kv_heads), as ggml broadcasts).
 Attention is one op (ops.attention: its kernel never stores the S x S scores, its backward
@@ -30,17 +35,16 @@ from .. import init, ops
 from ..ir import Graph
 from ..ops.f16 import round_f16
 from ..types import ShapeError
+from .arch import get_arch
 
 ARCH = "llama"
-_KEYS = {   # LlamaConfig field -> GGUF key (llama.<...>)
-    "dim": "llama.embedding_length", "layers": "llama.block_count",
-    "heads": "llama.attention.head_count", "kv_heads": "llama.attention.head_count_kv",
-    "ff": "llama.feed_forward_length", "rope_base": "llama.rope.freq_base",
-    "rope_dims": "llama.rope.dimension_count", "rms_eps": "llama.attention.layer_norm_rms_epsilon",
-    "ctx": "llama.context_length", "vocab": "llama.vocab_size",
+_KEYS = {   # LlamaConfig field -> GGUF key after "<architecture>."
+    "dim": "embedding_length", "layers": "block_count", "heads": "attention.head_count",
+    "kv_heads": "attention.head_count_kv", "ff": "feed_forward_length",
+    "rope_base": "rope.freq_base", "rope_dims": "rope.dimension_count",
+    "rms_eps": "attention.layer_norm_rms_epsilon", "ctx": "context_length",
+    "vocab": "vocab_size",
 }
-_LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                  "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class LlamaConfig:
     rms_eps: float = 1e-5
     ctx: int = 2048
     tied: bool = False                  # output projection = token_embd (no output.weight)
+    arch: str = ARCH                    # jitgraph/models/arch.py: "llama", "qwen2", "phi3"
+    rope_freqs: bool = False            # rope_freqs.weight divides the rope frequencies
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)   # noqa: E731 (frozen dataclass)
@@ -70,6 +76,10 @@ class LlamaConfig:
         set_("rope_base", float(np.float32(self.rope_base)))   # GGUF and llama.cpp: float32
         set_("rms_eps", float(np.float32(self.rms_eps)))
         set_("tied", bool(self.tied))
+        set_("rope_freqs", bool(self.rope_freqs))
+        description = get_arch(self.arch)
+        if self.rope_freqs and "rope_freqs.weight" not in description.optional:
+            raise ShapeError(f"LlamaConfig: architecture {self.arch!r} has no rope_freqs")
         bad = [k for k in ("vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx")
                if getattr(self, k) < 1]
         if bad:
@@ -93,46 +103,66 @@ class LlamaConfig:
     def kv_dim(self) -> int:
         return self.head_dim * self.kv_heads
 
+    @property
+    def qkv_dim(self) -> int:
+        return self.dim + 2 * self.kv_dim
+
+    @property
+    def ff2(self) -> int:
+        return 2 * self.ff
+
+    @property
+    def rope_half(self) -> int:
+        return self.rope_dims // 2
+
+    @property
+    def description(self):
+        """The architecture's tensor table (jitgraph/models/arch.py)."""
+        return get_arch(self.arch)
+
     # ---- GGUF metadata ---------------------------------------------------------------------
     @classmethod
     def from_metadata(cls, md: dict, tensors: dict | None = None) -> "LlamaConfig":
-        """From GGUF metadata {key: value}; `tensors` ({name: ggml shape}) supplies the vocabulary
-        size (token_embd) when llama.vocab_size is absent and says whether output is tied."""
+        """From GGUF metadata {key: value} of any architecture of jitgraph/models/arch.py (keys
+        `<architecture>.*`); `tensors` ({name: ggml shape}) supplies the vocabulary size
+        (token_embd) when <architecture>.vocab_size is absent, and says whether output is tied
+        and whether rope_freqs is present."""
         arch = md.get("general.architecture")
-        if arch != ARCH:
-            raise ValueError(f"not a llama model: general.architecture is {arch!r}")
-        need = [k for f, k in _KEYS.items()
-                if f in ("dim", "layers", "heads", "ff") and k not in md]
+        get_arch(arch)                    # an unknown architecture: one line naming it
+        key = {f: f"{arch}.{k}" for f, k in _KEYS.items()}
+        need = [k for f, k in key.items() if f in ("dim", "layers", "heads", "ff") and k not in md]
         if need:
-            raise ValueError(f"llama metadata lacks {', '.join(need)}")
-        kw = {f: md[k] for f, k in _KEYS.items() if k in md}
+            raise ValueError(f"{arch} metadata lacks {', '.join(need)}")
+        kw = {f: md[k] for f, k in key.items() if k in md}
         if "vocab" not in kw:
             if tensors and "token_embd.weight" in tensors:
                 kw["vocab"] = int(tensors["token_embd.weight"][1])
             elif "tokenizer.ggml.tokens" in md:
                 kw["vocab"] = len(md["tokenizer.ggml.tokens"])
             else:
-                raise ValueError("llama metadata: no llama.vocab_size, token_embd or tokenizer")
-        if int(md.get("llama.expert_count", 0) or 0) > 0:
-            raise ValueError("llama: mixture-of-experts models (llama.expert_count) are not "
-                             "supported")
-        if md.get("llama.rope.scaling.type", "none") != "none":
-            raise ValueError(f"llama: rope scaling {md['llama.rope.scaling.type']!r} is not "
+                raise ValueError(f"{arch} metadata: no {arch}.vocab_size, token_embd or "
+                                 f"tokenizer")
+        if int(md.get(f"{arch}.expert_count", 0) or 0) > 0:
+            raise ValueError(f"{arch}: mixture-of-experts models ({arch}.expert_count) are not "
                              f"supported")
-        for k in ("llama.attention.key_length", "llama.attention.value_length"):
+        if md.get(f"{arch}.rope.scaling.type", "none") != "none":
+            raise ValueError(f"{arch}: rope scaling {md[f'{arch}.rope.scaling.type']!r} is not "
+                             f"supported")
+        for k in (f"{arch}.attention.key_length", f"{arch}.attention.value_length"):
             if k in md and int(md[k]) != int(kw["dim"]) // int(kw["heads"]):
-                raise ValueError(f"llama: {k} {md[k]} != embedding_length / head_count; not "
+                raise ValueError(f"{arch}: {k} {md[k]} != embedding_length / head_count; not "
                                  f"supported")
         if tensors is not None:
             kw["tied"] = "output.weight" not in tensors
-        return cls(**kw)
+            kw["rope_freqs"] = "rope_freqs.weight" in tensors
+        return cls(**kw, arch=arch)
 
     def metadata(self) -> dict:
         """{GGUF key: value} (the writer stores counts as UINT32, the floats as FLOAT32)."""
-        return {k: getattr(self, f) for f, k in _KEYS.items()}
+        return {f"{self.arch}.{k}": getattr(self, f) for f, k in _KEYS.items()}
 
     def to_gguf(self, writer) -> None:
-        """Add the llama.* keys to a gguf.GGUFWriter."""
+        """Add the <architecture>.* keys to a gguf.GGUFWriter."""
         for k, v in self.metadata().items():
             if isinstance(v, float):
                 writer.add_float32(k, v)
@@ -141,51 +171,97 @@ class LlamaConfig:
 
     # ---- params ----------------------------------------------------------------------------
     def param_shapes(self) -> dict:
-        """{name: numpy shape} of every weight, GGUF names and layout."""
-        d, kv, ff, v = self.dim, self.kv_dim, self.ff, self.vocab
-        shapes = {"token_embd.weight": (v, d)}
+        """{name: numpy shape} of every weight, GGUF names and layout, in the order of the
+        architecture's table (jitgraph/models/arch.py); output.weight only when not tied,
+        rope_freqs.weight only when the model has it."""
+        desc = self.description
+        absent = {"output.weight"} if self.tied else set()
+        if not self.rope_freqs:
+            absent.add("rope_freqs.weight")
+        shape = lambda dims: tuple(int(getattr(self, d)) for d in dims)   # noqa: E731
+        shapes = {"token_embd.weight": shape(("vocab", "dim"))}
         for i in range(self.layers):
-            p = f"blk.{i}."
-            shapes.update({p + "attn_norm.weight": (d,), p + "attn_q.weight": (d, d),
-                           p + "attn_k.weight": (kv, d), p + "attn_v.weight": (kv, d),
-                           p + "attn_output.weight": (d, d), p + "ffn_norm.weight": (d,),
-                           p + "ffn_gate.weight": (ff, d), p + "ffn_up.weight": (ff, d),
-                           p + "ffn_down.weight": (d, ff)})
-        shapes["output_norm.weight"] = (d,)
-        if not self.tied:
-            shapes["output.weight"] = (v, d)
+            shapes.update({f"blk.{i}.{k}": shape(dims) for k, dims in desc.layer})
+        shapes.update({k: shape(dims) for k, dims in desc.tensors
+                       if k != "token_embd.weight" and k not in absent})
         return shapes
 
 
 # ---- the forward graph -------------------------------------------------------------------------
 def _w(g, name, shape, dtype):
     is_norm = name.endswith("norm.weight")
-    return g.param(name, shape, dtype, init=init.ones() if is_norm else init.normal(0.0, 0.02))
+    init_ = init.ones() if is_norm else init.zeros() if name.endswith(".bias") else \
+        init.normal(0.0, 0.02)
+    return g.param(name, shape, dtype, init=init_)
 
 
-def _rope(cfg, t, pos):
-    """llama.cpp NORM rope over the first rope_dims of t [B, S, H, hd]."""
-    hd, rd = t.shape[-1], cfg.rope_dims
+def _rope(cfg, t, pos, freqs=None):
+    """llama.cpp's rope of the architecture (NORM or NEOX) over the first rope_dims of t
+    [B, S, H, hd]; freqs: the rope_freqs param dividing the frequencies, or None."""
+    hd, rd, mode = t.shape[-1], cfg.rope_dims, cfg.description.rope
     if rd == hd:
-        return ops.rope(t, pos, theta=cfg.rope_base, mode="normal")
+        return ops.rope(t, pos, theta=cfg.rope_base, mode=mode, factors=freqs)
     rot = ops.rope(ops.slice(t, None, None, None, (0, rd)), pos, theta=cfg.rope_base,
-                   mode="normal")
+                   mode=mode, factors=freqs)
     return ops.concat([rot, ops.slice(t, None, None, None, (rd, hd))], axis=-1)
 
 
-def _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16):
+def rope_freqs(g, cfg, dtype):
+    """The rope_freqs.weight param (frozen: a fixed table, not trained), or None."""
+    if not cfg.rope_freqs:
+        return None
+    return g.param("rope_freqs.weight", (cfg.rope_half,), dtype, init=init.ones(),
+                   trainable=False)
+
+
+def projections(g, cfg, p, x, dtype):
+    """proj(role, rows_last=False): the projection of x [rows, dim] for role "q" ([rows, dim]),
+    "k" or "v" ([rows, kv_dim]; rows_last: [kv_dim, rows], W x^T), from attn_q / attn_k /
+    attn_v or from one fused attn_qkv (its output's columns q | k | v, computed once), plus
+    the role's bias where the architecture has one. Nodes are made when a role is asked for, so
+    a llama graph keeps its order (q, rope, k, rope, v)."""
+    desc, d, kv = cfg.description, cfg.dim, cfg.kv_dim
+    cols = {"q": (0, d), "k": (d, d + kv), "v": (d + kv, d + 2 * kv)}
+    fused = []
+
+    def proj(role, rows_last=False):
+        lo, hi = cols[role]
+        if desc.has("attn_qkv.weight"):
+            if not fused:
+                fused.append(ops.matmul(x, _w(g, p + "attn_qkv.weight", (cfg.qkv_dim, d),
+                                              dtype), tb=True))
+            t = ops.slice(fused[0], None, (lo, hi))
+            t = ops.permute(t, (1, 0)) if rows_last else t
+        else:
+            w = _w(g, p + f"attn_{role}.weight", (hi - lo, d), dtype)
+            t = ops.matmul(w, x, tb=True) if rows_last else ops.matmul(x, w, tb=True)
+        if desc.has(f"attn_{role}.bias"):
+            b = _w(g, p + f"attn_{role}.bias", (hi - lo,), dtype)
+            t = t + (ops.reshape(b, (hi - lo, 1)) if rows_last else b)
+        return t
+    return proj
+
+
+def ffn(g, cfg, p, x, dtype):
+    """Wdown (silu(Wgate x) * Wup x), with gate and up separate or fused in one ffn_up of 2 ff
+    rows (gate first: ggml_swiglu)."""
+    d, ff = cfg.dim, cfg.ff
+    if cfg.description.has("ffn_gate.weight"):
+        gate = ops.matmul(x, _w(g, p + "ffn_gate.weight", (ff, d), dtype), tb=True)
+        up = ops.matmul(x, _w(g, p + "ffn_up.weight", (ff, d), dtype), tb=True)
+    else:
+        t = ops.matmul(x, _w(g, p + "ffn_up.weight", (2 * ff, d), dtype), tb=True)
+        gate, up = ops.slice(t, None, (0, ff)), ops.slice(t, None, (ff, 2 * ff))
+    return ops.matmul(ops.silu(gate) * up, _w(g, p + "ffn_down.weight", (d, ff), dtype), tb=True)
+
+
+def _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16, freqs):
     d, hd, h, hkv = cfg.dim, cfg.head_dim, cfg.heads, cfg.kv_heads
     rep = h // hkv
-    shapes = cfg.param_shapes()
-
-    def proj(name, heads, rotate):
-        t = ops.matmul(x, _w(g, p + name, shapes[p + name], dtype), tb=True)
-        t = ops.reshape(t, (batch, seq, heads, hd))
-        return _rope(cfg, t, pos) if rotate else t                   # [B, S, heads, hd]
-
-    q = proj("attn_q.weight", h, True)
-    k = proj("attn_k.weight", hkv, True)
-    v = proj("attn_v.weight", hkv, False)
+    proj = projections(g, cfg, p, x, dtype)
+    q = _rope(cfg, ops.reshape(proj("q"), (batch, seq, h, hd)), pos, freqs)   # [B, S, H, hd]
+    k = _rope(cfg, ops.reshape(proj("k"), (batch, seq, hkv, hd)), pos, freqs)
+    v = ops.reshape(proj("v"), (batch, seq, hkv, hd))
     if not kv_f16:          # one op: the S x S scores are never stored (ops/attention.py)
         att = ops.attention(q, k, v, scale=1.0 / math.sqrt(hd))       # [B, S, H, hd]
     else:                   # llama.cpp's F16 rounding of q, K, V and the probabilities
@@ -198,13 +274,6 @@ def _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16):
         att = ops.permute(ops.reshape(att, (batch, h, seq, hd)), (0, 2, 1, 3))
     att = ops.reshape(att, (batch * seq, d))
     return ops.matmul(att, _w(g, p + "attn_output.weight", (d, d), dtype), tb=True)
-
-
-def _ffn(g, cfg, p, x, dtype):
-    d, ff = cfg.dim, cfg.ff
-    gate = ops.matmul(x, _w(g, p + "ffn_gate.weight", (ff, d), dtype), tb=True)
-    up = ops.matmul(x, _w(g, p + "ffn_up.weight", (ff, d), dtype), tb=True)
-    return ops.matmul(ops.silu(gate) * up, _w(g, p + "ffn_down.weight", (d, ff), dtype), tb=True)
 
 
 def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
@@ -225,12 +294,13 @@ def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
     pos = g.input("pos", (seq,), "i32")
     embd = _w(g, "token_embd.weight", (cfg.vocab, d), dtype)
     h = ops.get_rows(embd, ops.reshape(tokens, (rows,)))             # [B*S, D]
+    freqs = rope_freqs(g, cfg, dtype)
     for i in range(cfg.layers):
         p = f"blk.{i}."
         x = ops.rms_norm(h, _w(g, p + "attn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
-        h = h + _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16)
+        h = h + _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16, freqs)
         x = ops.rms_norm(h, _w(g, p + "ffn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
-        h = h + _ffn(g, cfg, p, x, dtype)
+        h = h + ffn(g, cfg, p, x, dtype)
     h = ops.rms_norm(h, _w(g, "output_norm.weight", (d,), dtype), eps=cfg.rms_eps)
     out_w = embd if cfg.tied else _w(g, "output.weight", (cfg.vocab, d), dtype)
     logits = ops.matmul(h, out_w, tb=True)                           # [B*S, vocab]
@@ -308,7 +378,8 @@ def _not_a_model(md: dict) -> None:
 
 def read_llama(path):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
-    llama.cpp GGUF model. The header is bounds-checked first, then the metadata's types and the
+    llama.cpp GGUF model of an architecture of jitgraph/models/arch.py (the Tokenizer: for a
+    SentencePiece vocabulary, tokenizer.ggml.model = llama). The header is bounds-checked first, then the metadata's types and the
     vocabulary against token_embd (models/llama_checks.py), before any tensor data is read (a
     malformed file raises jitgraph.ModelFormatError naming it)."""
     import gguf
@@ -334,9 +405,9 @@ def read_llama(path):
         embd = ne["token_embd.weight"]
         check_vocabulary(md, embd[1] if len(embd) == 2 else None)   # before any data is read
         extra = [k for k in ne if k not in want]
-        if extra:       # e.g. rope_freqs (llama 3.1 rope scaling), attention biases, experts
+        if extra:       # e.g. phi3's long-context rope factors, qwen2's output.bias, experts
             raise ValueError(f"tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} are not "
-                             f"supported by this llama graph")
+                             f"supported by jitgraph's {cfg.arch} graph")
         params = {}
         for t in r.tensors:
             if t.name not in want:
@@ -355,9 +426,24 @@ def read_llama(path):
 _FTYPES = {"f32": 0, "f16": 1, "q8_0": 7}     # llama_ftype (general.file_type)
 
 
+def tokenizer_fields(path) -> dict:
+    """The tokenizer.* metadata of a GGUF file as {key: (value, type, array item type)}: what
+    write_llama copies when jitgraph has no tokenizer object for the vocabulary (a BPE one), so
+    an exported model keeps the vocabulary llama.cpp reads."""
+    import gguf
+    r = gguf.GGUFReader(os.fspath(path))
+    out = {}
+    for k, f in r.fields.items():
+        if k.startswith("tokenizer."):
+            sub = f.types[1] if len(f.types) > 1 else None
+            out[k] = (f.contents(), f.types[0], sub)
+    return out
+
+
 def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str = "f32",
-                name: str | None = None) -> None:
-    """A llama.cpp-loadable GGUF: general.*, llama.* (cfg), tokenizer.* (if given) and the
+                name: str | None = None, vocabulary: dict | None = None) -> None:
+    """A llama.cpp-loadable GGUF: general.*, <architecture>.* (cfg), tokenizer.* (from
+    `tokenizer`, else the fields `vocabulary` of tokenizer_fields, if given) and the
     weights under their GGUF names. ftype "f16" / "q8_0" stores the 2-D weights so (Q8_0 needs
     rows a multiple of 32 long; other 2-D weights fall back to F16), the norms stay F32.
     Written atomically: a temporary file in the same directory, fsync, os.replace."""
@@ -375,13 +461,16 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
         raise ValueError(f"write_llama: tokenizer has {len(tokenizer)} tokens, config vocab "
                          f"{cfg.vocab}")
     from ..formats.gguf import gguf_writer
-    with gguf_writer(path, ARCH) as w:
-        w.add_name(name or "llama")
+    with gguf_writer(path, cfg.arch) as w:
+        w.add_name(name or cfg.arch)
         w.add_file_type(_FTYPES[ftype])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         cfg.to_gguf(w)
         if tokenizer is not None:
             tokenizer.write_gguf(w)
+        else:
+            for k, (value, vtype, sub) in (vocabulary or {}).items():
+                w.add_key_value(k, value, vtype, sub)
         for k in want:
             a = np.ascontiguousarray(params[k], np.float32)
             if a.ndim == 2 and ftype == "q8_0" and a.shape[1] % 32 == 0:

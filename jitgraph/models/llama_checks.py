@@ -8,6 +8,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
+from .arch import ARCHS
 from .tokenizer import BYTE, K_ADD_BOS, K_ADD_EOS, K_ADD_SPACE, K_BOS, K_EOS, K_MODEL, \
     K_SCORES, K_TOKENS, K_TYPES, K_UNK
 
@@ -15,15 +16,17 @@ _T = gguf.GGUFValueType
 _INTS = {int(t) for t in (_T.UINT8, _T.INT8, _T.UINT16, _T.INT16, _T.UINT32, _T.INT32,
                           _T.UINT64, _T.INT64)}
 _FLOATS = {int(_T.FLOAT32), int(_T.FLOAT64)}
-_COUNTS = ("llama.embedding_length", "llama.block_count", "llama.attention.head_count",
-           "llama.attention.head_count_kv", "llama.feed_forward_length",
-           "llama.rope.dimension_count", "llama.context_length", "llama.vocab_size",
-           "llama.attention.key_length", "llama.attention.value_length", "llama.expert_count")
-# key -> (allowed GGUF value types, what the message calls them)
-_FLOAT_KEYS = ("llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon")
-_SCALARS = {**{k: (_INTS, "an integer") for k in _COUNTS + (K_BOS, K_EOS, K_UNK)},
-            **{k: (_INTS | _FLOATS, "a number") for k in _FLOAT_KEYS},
-            **{k: ({int(_T.STRING)}, "a string") for k in (K_MODEL, "llama.rope.scaling.type")},
+_COUNTS = ("embedding_length", "block_count", "attention.head_count", "attention.head_count_kv",
+           "feed_forward_length", "rope.dimension_count", "context_length", "vocab_size",
+           "attention.key_length", "attention.value_length", "expert_count")
+_FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_rms_epsilon")
+# key -> (allowed GGUF value types, what the message calls them), for every architecture's
+# "<architecture>." keys
+_SCALARS = {**{f"{a}.{k}": (_INTS, "an integer") for a in ARCHS for k in _COUNTS},
+            **{k: (_INTS, "an integer") for k in (K_BOS, K_EOS, K_UNK)},
+            **{f"{a}.{k}": (_INTS | _FLOATS, "a number") for a in ARCHS for k in _FLOAT_KEYS},
+            **{k: ({int(_T.STRING)}, "a string") for k in (K_MODEL, "general.architecture")},
+            **{f"{a}.rope.scaling.type": ({int(_T.STRING)}, "a string") for a in ARCHS},
             **{k: ({int(_T.BOOL)}, "a bool") for k in (K_ADD_BOS, K_ADD_EOS, K_ADD_SPACE)}}
 _ARRAYS = {K_TOKENS: ({int(_T.STRING)}, "strings"), K_SCORES: (_FLOATS, "floats"),
            K_TYPES: (_INTS, "integers")}

@@ -1,7 +1,7 @@
 """llama.cpp LoRA adapter files: write, read (checked against the base model), apply, merge.
 
 The file (what convert_lora_to_gguf.py writes and llama.cpp's llama_adapter_lora_init reads):
-`general.architecture` = llama, `general.type` = adapter, `adapter.type` = lora,
+`general.architecture` = the base model's, `general.type` = adapter, `adapter.type` = lora,
 `adapter.lora.alpha` (FLOAT32), and per adapted weight W two tensors `<W>.lora_a` and
 `<W>.lora_b`. For W of ggml shape [in, out] (numpy [out, in], applied as x @ W^T) A has ggml shape
 [in, rank] (numpy [rank, in]) and B [rank, out] (numpy [out, rank]): llama.cpp checks
@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from ..errors import ModelFormatError
-from .llama import ARCH, LlamaConfig
+from .llama import LlamaConfig
 
 __all__ = ["write_adapter", "read_adapter", "merge", "apply_adapter", "adapter_scale",
            "adapter_pairs", "check_shapes"]
@@ -67,9 +67,9 @@ def check_shapes(cfg: LlamaConfig, shapes: dict, where: str = "adapter") -> None
                              f"{base}{SUFFIX_B if have == SUFFIX_A else SUFFIX_A} (LoRA tensors "
                              f"come in pairs)")
         if base not in want:
-            raise ValueError(f"{where}: {base} is not a weight of the base model (a llama of "
-                             f"{cfg.layers} layers{', output tied' if cfg.tied else ''}; wrong "
-                             f"base model?)")
+            raise ValueError(f"{where}: {base} is not a weight of the base model (a "
+                             f"{cfg.arch} of {cfg.layers} layers"
+                             f"{', output tied' if cfg.tied else ''}; wrong base model?)")
         if base.startswith("token_embd") or len(want[base]) != 2:
             raise ValueError(f"{where}: adapters of {base} are not supported (2-D projection "
                              f"and output weights only)")
@@ -97,7 +97,7 @@ def write_adapter(path, cfg: LlamaConfig, adapter_params: dict, alpha: float,
     if not math.isfinite(alpha):
         raise ValueError(f"write_adapter: alpha must be finite, got {alpha}")
     pairs = adapter_pairs(cfg, adapter_params, "write_adapter")
-    with gguf_writer(path, ARCH) as w:
+    with gguf_writer(path, cfg.arch) as w:
         w.add_type(gguf.GGUFType.ADAPTER)
         w.add_string(ADAPTER_TYPE_KEY, "lora")
         w.add_float32(ALPHA_KEY, alpha)
@@ -144,9 +144,9 @@ def read_adapter(path, cfg: LlamaConfig) -> tuple:
                 f"{path}: not a LoRA adapter (general.type {kind!r}, adapter.type {atype!r}; "
                 f"expected 'adapter' and 'lora')" + (" - a model file?" if kind in (None, "model")
                                                      else ""))
-        if arch != ARCH:
+        if arch != cfg.arch:
             raise ModelFormatError(f"{path}: the adapter is for architecture {arch!r}, the base "
-                                   f"model is {ARCH!r}")
+                                   f"model is {cfg.arch!r}")
         alpha = 0.0
         if ALPHA_KEY in kv:
             vtype, v = kv[ALPHA_KEY]

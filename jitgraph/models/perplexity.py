@@ -199,7 +199,7 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
                          f"chunk, less its last token, is scored)")
     if n_ctx > cfg.ctx:
         raise ValueError(f"perplexity: n_ctx {n_ctx} is larger than the model's context length "
-                         f"{cfg.ctx} (llama.context_length)")
+                         f"{cfg.ctx} ({cfg.arch}.context_length)")
     if batch < 1:
         raise ValueError(f"perplexity: batch {batch} must be >= 1")
 

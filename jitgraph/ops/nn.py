@@ -133,7 +133,7 @@ ROPE_MODES = ("normal", "neox")
 
 
 def _rope_infer(args, a):
-    x, pos = args
+    x, pos = args[:2]
     need_float(x)
     _need_ndim(x, 3, "x ([..., seq, heads, head_dim])")
     if x.shape[-1] % 2:
@@ -145,15 +145,21 @@ def _rope_infer(args, a):
         raise ShapeError(f"mode must be one of {ROPE_MODES}, got {a['mode']!r}")
     if not a["theta"] > 0:
         raise ShapeError(f"theta must be > 0, got {a['theta']}")
+    if len(args) == 3 and (args[2].shape != (x.shape[-1] // 2,) or args[2].dtype != x.dtype):
+        raise ShapeError(f"frequency factors {args[2]} do not fit {x} (expected "
+                         f"{x.dtype}[{x.shape[-1] // 2}], one per rotated pair)")
     return x.type
 
 
-def _rope_ref(a, x, pos, sign=1.0):
-    """Rotate pairs by angle pos * theta^(-2i/head_dim) (sign=-1: the inverse rotation). Angles
-    are computed in float64, then cos/sin are rounded to x's dtype."""
+def _rope_ref(a, x, pos, factors=None, sign=1.0):
+    """Rotate pairs by angle pos * theta^(-2i/head_dim) / factors[i] (sign=-1: the inverse
+    rotation). Angles are computed in float64, then cos/sin are rounded to x's dtype."""
     d = x.shape[-1]
     half = d // 2
-    ang = pos.astype(np.float64)[:, None] * a["theta"] ** (-2.0 * np.arange(half) / d)
+    freq = a["theta"] ** (-2.0 * np.arange(half) / d)
+    if factors is not None:
+        freq = freq / factors.astype(np.float64)
+    ang = pos.astype(np.float64)[:, None] * freq
     cos = np.cos(ang).astype(x.dtype)[:, None, :]            # [seq, 1, half]
     sin = (sign * np.sin(ang)).astype(x.dtype)[:, None, :]
     lo, hi = (np.s_[..., 0::2], np.s_[..., 1::2]) if a["mode"] == "normal" else \
@@ -165,14 +171,16 @@ def _rope_ref(a, x, pos, sign=1.0):
 
 
 _ROPE = {"theta": ("float", 10000.0), "mode": ("str", "normal")}
-register("rope", kind="opaque", arity=2, attrs=_ROPE, infer=_rope_infer, ref=_rope_ref,
-         vjp=lambda g, out, xs, a: [apply("rope_back", g, xs[1], **a), None],
-         doc='rope(x[..., seq, heads, head_dim], pos i32[seq]); mode "normal" rotates (x[2i], '
-             'x[2i+1]) (ggml mode 0), "neox" rotates (x[i], x[i + head_dim/2])')
-register("rope_back", kind="opaque", arity=2, attrs=_ROPE, infer=_rope_infer,
-         ref=lambda a, g, pos: _rope_ref(a, g, pos, -1.0),
-         vjp=lambda g, out, xs, a: [apply("rope", g, xs[1], **a), None],
-         doc="rope_back(grad_out, pos): the inverse rotation")
+register("rope", kind="opaque", arity=(2, 3), attrs=_ROPE, infer=_rope_infer,
+         ref=lambda a, x, pos, f=None: _rope_ref(a, x, pos, f),
+         vjp=lambda g, out, xs, a: [apply("rope_back", g, *xs[1:], **a)] + [None] * (len(xs) - 1),
+         doc='rope(x[..., seq, heads, head_dim], pos i32[seq][, factors[head_dim/2]]); mode '
+             '"normal" rotates (x[2i], x[2i+1]) (ggml mode 0), "neox" rotates (x[i], '
+             'x[i + head_dim/2]); factors divide the frequencies (ggml_rope_ext freq_factors)')
+register("rope_back", kind="opaque", arity=(2, 3), attrs=_ROPE, infer=_rope_infer,
+         ref=lambda a, g, pos, f=None: _rope_ref(a, g, pos, f, -1.0),
+         vjp=lambda g, out, xs, a: [apply("rope", g, *xs[1:], **a)] + [None] * (len(xs) - 1),
+         doc="rope_back(grad_out, pos[, factors]): the inverse rotation")
 
 
 # ---- causal_mask -------------------------------------------------------------------------------
@@ -220,8 +228,12 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     return y if bias is None else y + bias
 
 
-def rope(x, pos, theta=10000.0, mode="normal"):
-    return apply("rope", x, pos, theta=theta, mode=mode)
+def rope(x, pos, theta=10000.0, mode="normal", factors=None):
+    """Rotary embedding of x [..., seq, heads, head_dim] at positions pos; `factors`
+    [head_dim/2] divides each pair's frequency (LLaMA 3.x rope_freqs)."""
+    if factors is None:
+        return apply("rope", x, pos, theta=theta, mode=mode)
+    return apply("rope", x, pos, factors, theta=theta, mode=mode)
 
 
 def causal_mask(x, n_past=0):

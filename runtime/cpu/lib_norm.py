@@ -98,15 +98,17 @@ def workspace_size_rope(x_shape, pos_shape):
 
 
 @kernel
-def _rope_table(pos, D, theta, sign, cs, sn):
-    """cs[s, h * D/2 + i], sn[...] = cos, sign * sin of pos[s] * theta^(-2i/D) for every head h,
-    computed in float64 and rounded to the table's dtype: once per angle, not once per batch
-    row."""
+def _rope_table(pos, D, theta, sign, cs, sn, factors):
+    """cs[s, h * D/2 + i], sn[...] = cos, sign * sin of pos[s] * theta^(-2i/D) / factors[i]
+    (factors empty: 1) for every head h, computed in float64 and rounded to the table's dtype:
+    once per angle, not once per batch row."""
     log_theta = math.log(theta)
     T = cs.dtype.type
     half = D // 2
     for i in range(half):
         f = math.exp(-2.0 * i / D * log_theta)
+        if factors.size:
+            f = f / np.float64(factors[i])
         for s in range(cs.shape[0]):
             ang = pos[s] * f
             cs[s, i] = T(math.cos(ang))
@@ -150,7 +152,7 @@ def _rope_slab(xf, of, b, S, H, D, cs, sn, neox):
 
 
 @pkernel
-def _rope(x, pos, out, work, theta, neox, sign):
+def _rope(x, pos, factors, out, work, theta, neox, sign):
     """The angles' cos/sin into `work` (workspace_size_rope elements) first, then each batch
     slab [S, H, D] in memory order (a prange over the slabs when there is work enough). The
     former loop, angle outermost and batch rows (64 KB apart) innermost, ran at under a fifth
@@ -161,7 +163,7 @@ def _rope(x, pos, out, work, theta, neox, sign):
     n = S * H * (D // 2)
     cs = work[:n].reshape((S, H * (D // 2)))
     sn = work[n:2 * n].reshape((S, H * (D // 2)))
-    _rope_table(pos, D, theta, sign, cs, sn)
+    _rope_table(pos, D, theta, sign, cs, sn, factors)
     xf, of = x.reshape(x.size), out.reshape(out.size)
     slabs = x.size // (S * H * D)
     # ~0.3 ns an element in one thread (stories260K's q: 35 us), so a prange region pays only
@@ -180,27 +182,39 @@ def rope_work(x, pos, out, work, theta, neox):
     neox=False rotates (x[2i], x[2i+1]) (mode "normal"), True rotates (x[i], x[i + D/2]).
     work: workspace_size_rope(x.shape, pos.shape) elements of x's dtype (compiled programs call
     this one, with arena scratch)."""
-    _rope(x, pos, out, work, theta, neox, 1.0)
+    _rope(x, pos, x.reshape(x.size)[:0], out, work, theta, neox, 1.0)
 
 
 @kernel
 def rope_back_work(g, pos, out, work, theta, neox):
     """rope_back(g, pos): the inverse rotation of rope (same layout, parameters, work)."""
-    _rope(g, pos, out, work, theta, neox, -1.0)
+    _rope(g, pos, g.reshape(g.size)[:0], out, work, theta, neox, -1.0)
+
+
+@kernel
+def rope_freqs_work(x, pos, factors, out, work, theta, neox):
+    """rope_work with each pair's frequency divided by factors[i] (LLaMA 3.x rope_freqs)."""
+    _rope(x, pos, factors, out, work, theta, neox, 1.0)
+
+
+@kernel
+def rope_back_freqs_work(g, pos, factors, out, work, theta, neox):
+    """rope_back_work with frequency factors."""
+    _rope(g, pos, factors, out, work, theta, neox, -1.0)
 
 
 @kernel
 def rope(x, pos, out, theta, neox):
     """rope_work allocating its own cos/sin table (for direct callers; programs use rope_work)."""
     work = np.empty(workspace_size_rope(x.shape, pos.shape), x.dtype)
-    _rope(x, pos, out, work, theta, neox, 1.0)
+    _rope(x, pos, np.empty(0, x.dtype), out, work, theta, neox, 1.0)
 
 
 @kernel
 def rope_back(g, pos, out, theta, neox):
     """rope_back_work allocating its own cos/sin table (for direct callers)."""
     work = np.empty(workspace_size_rope(g.shape, pos.shape), g.dtype)
-    _rope(g, pos, out, work, theta, neox, -1.0)
+    _rope(g, pos, np.empty(0, g.dtype), out, work, theta, neox, -1.0)
 
 
 @kernel

@@ -19,6 +19,8 @@ names its op, layout and parameters:
              rope_work(x, pos, out, work, theta, neox)  rope_back_work(g, pos, out, work, ...)
              -- work: workspace_size_rope(x_shape, pos_shape) elements (the cos/sin table);
              rope(x, pos, out, theta, neox) / rope_back: the same, allocating the table
+             rope_freqs_work(x, pos, factors, out, work, ...) / rope_back_freqs_work: with
+             frequency factors (a third operand of the op)
              causal_mask(x, out, n_past, value)
   lib_kv     set_rows(table, idx, rows, out, axis, f16)  -- out may be table's buffer: rows only
              kv_attention(q, k, v, pos, out, work, scale, f16)
@@ -44,8 +46,8 @@ from .lib_conv import (conv2d, conv2d_back_input, conv2d_back_weight,  # noqa: F
                        workspace_size_conv2d)
 from .lib_kv import kv_attention, set_rows, workspace_size_kv_attention  # noqa: F401
 from .lib_norm import (causal_mask, layer_norm, layer_norm_back, rms_norm,  # noqa: F401
-                       rms_norm_back, rope, rope_back, rope_back_work, rope_work,
-                       workspace_size_rope)
+                       rms_norm_back, rope, rope_back, rope_back_freqs_work, rope_back_work,
+                       rope_freqs_work, rope_work, workspace_size_rope)
 from .lib_pool import avg_pool2d, avg_pool2d_back, max_pool2d, max_pool2d_back  # noqa: F401
 from .lib_rows import (argmax_last, count_equal, cross_entropy, cross_entropy_back,  # noqa: F401
                        log_softmax, logsumexp_last, max_last, softmax, softmax_back)

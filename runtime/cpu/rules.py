@@ -74,20 +74,22 @@ class Library:
     """A hand-written kernel of runtime/cpu/library.py, called as
     `lib.<func>(operands..., out, [work], *params(n))`; `workspace(lib, shapes, n)`: scratch
     elements it needs (shapes: the operands' and the result's); `paired(graph, kernel, inlined)`:
-    the Call running the kernel this op anchors with its `pairs_with` op."""
-    func: str
+    the Call running the kernel this op anchors with its `pairs_with` op. `func` is a name,
+    or a callable node -> name where an op's optional operand picks another kernel."""
+    func: str | Callable
     params: Callable = lambda n: []
     workspace: Callable | None = None
     paired: Callable | None = None
 
     def node(self, graph, n, slot_of):
         lib = _library()
-        if lib is None or not hasattr(lib, self.func):
+        func = self.func(n) if callable(self.func) else self.func
+        if lib is None or not hasattr(lib, func):
             return None
         args = [(i, graph.nodes[i].type.shape) for i in n.inputs] + [(n.id, n.type.shape)]
         if self.workspace:
             args.append(Workspace(self.workspace(lib, [s for _, s in args], n), n.type.dtype))
-        return [Call(f"lib.{self.func}", args + [literal(p) for p in self.params(n)])]
+        return [Call(f"lib.{func}", args + [literal(p) for p in self.params(n)])]
 
     def kernel(self, graph, kg, kernel, slot_of):
         return [self.paired(graph, kernel, kg.inlined)]

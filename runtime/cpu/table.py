@@ -109,8 +109,11 @@ TABLE = {
     "concat": Own(lower.concat, library="embed"),
     "get_rows": Library("get_rows"),
     "get_rows_back": Library("get_rows_back"),
-    "rope": Library("rope_work", _rope, _rope_work),
-    "rope_back": Library("rope_back_work", _rope, _rope_work),
+    # a third operand (frequency factors) picks the *_freqs_work kernel
+    "rope": Library(lambda n: "rope_freqs_work" if len(n.inputs) == 3 else "rope_work", _rope,
+                    _rope_work),
+    "rope_back": Library(lambda n: "rope_back_freqs_work" if len(n.inputs) == 3
+                         else "rope_back_work", _rope, _rope_work),
     "causal_mask": Library("causal_mask", lambda n: [n.attr["n_past"], n.attr["value"]]),
     "set_rows": Library("set_rows", lambda n: [n.attr["axis"], n.attr["f16"]]),
     "kv_attention": Library("kv_attention", lambda n: [n.attr["scale"], n.attr["f16"]],

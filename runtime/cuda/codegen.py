@@ -871,8 +871,9 @@ def get_rows_back(ctx, n, note="") -> list:
 
 def rope(ctx, n, note="") -> list:
     """One thread per rotated pair; angles in float64, cos/sin rounded to the dtype (as the
-    reference); rope_back rotates by the negated angle."""
-    x, pos = (ctx.g.nodes[i] for i in n.inputs)
+    reference); rope_back rotates by the negated angle; a third operand divides each pair's
+    frequency."""
+    x, pos = (ctx.g.nodes[i] for i in n.inputs[:2])
     seq, heads, d = x.type.shape[-3:]
     half = d // 2
     T = NP_DTYPE[n.type.dtype]
@@ -881,6 +882,7 @@ def rope(ctx, n, note="") -> list:
     theta = typed_literal(float(n.attr["theta"]), "f64")
     src = Source(ctx)
     a, p = src.arg(ctx.ref(x.id)), src.arg(ctx.ref(pos.id))
+    fdiv = f" / np.float64({src.arg(ctx.ref(n.inputs[2]))}[k])" if len(n.inputs) == 3 else ""
     o = src.arg(ctx.ref(n.id), "o")
     total = n.type.size // 2
     if total == 0:
@@ -889,7 +891,7 @@ def rope(ctx, n, note="") -> list:
     src.lines += ["q = cuda.grid(1)", "st = cuda.gridsize(1)", f"while q < {total}:",
                   f"    k = q % {half}", f"    rest = q // {half}",
                   f"    s = (rest // {heads}) % {seq}", f"    base = rest * {d}",
-                  f"    ang = np.float64({p}[s]) * {theta} ** (-2.0 * k / {d})",
+                  f"    ang = np.float64({p}[s]) * {theta} ** (-2.0 * k / {d}){fdiv}",
                   f"    c = {T}(math.cos(ang))", f"    sn = {T}({sign}math.sin(ang))",
                   f"    xl = {a}[{lo}]", f"    xh = {a}[{hi}]",
                   f"    {o}[{lo}] = xl * c - xh * sn", f"    {o}[{hi}] = xl * sn + xh * c",
