@@ -89,30 +89,31 @@ class Tokenizer:
 
     # ---- GGUF metadata ---------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, path_or_reader) -> "Tokenizer":
-        """From a GGUF file (a path or a gguf.GGUFReader) with tokenizer.ggml.model = "llama"."""
-        import os
-
+    def from_gguf(cls, path_or_reader):
+        """From a GGUF file (a path or a gguf.GGUFReader): this SPM class for
+        tokenizer.ggml.model = "llama", jitgraph.models.bpe.BpeTokenizer for "gpt2"."""
         import gguf
         r = path_or_reader
-        if not isinstance(r, gguf.GGUFReader):
-            from ..formats.gguf import _header        # bounds-checks the header before gguf parses it
-            path = os.fspath(r)
-            with open(path, "rb") as f:
-                _header(f, path)
-            r = gguf.GGUFReader(path)
-        return cls.from_metadata({k: f.contents() for k, f in r.fields.items()})
+        if isinstance(r, gguf.GGUFReader):
+            return cls.from_metadata({k: f.contents() for k, f in r.fields.items()})
+        return load_tokenizer(r)
 
     @classmethod
-    def from_metadata(cls, md: dict) -> "Tokenizer":
-        """From a {key: value} dict of GGUF metadata (as gguf's ReaderField.contents() gives)."""
+    def from_metadata(cls, md: dict, source: str = ""):
+        """From a {key: value} dict of GGUF metadata (as gguf's ReaderField.contents() gives):
+        this SPM class for tokenizer.ggml.model = "llama", a jitgraph.models.bpe.BpeTokenizer
+        for "gpt2". `source` (a file name) prefixes the errors."""
+        where = f"{source}: " if source else ""
         model = md.get(K_MODEL)
+        if model == "gpt2":
+            from .bpe import BpeTokenizer
+            return BpeTokenizer.from_metadata(md, source)
         if model != "llama":
-            raise ValueError(f"tokenizer: {K_MODEL} is {model!r}; only the SPM vocabulary "
-                             f"(\"llama\") is supported")
+            raise ValueError(f"{where}tokenizer model {model!r} ({K_MODEL}) is not supported: "
+                             f"jitgraph reads \"llama\" (SPM) and \"gpt2\" (BPE)")
         tokens = md.get(K_TOKENS)
         if not tokens:
-            raise ValueError(f"tokenizer: no {K_TOKENS} in the metadata")
+            raise ValueError(f"{where}tokenizer: no {K_TOKENS} in the metadata")
         n = len(tokens)
         scores = md.get(K_SCORES)
         types = md.get(K_TYPES)
@@ -302,6 +303,20 @@ class Tokenizer:
         """Text of `ids` (see decode_bytes); byte tokens that do not form UTF-8 become U+FFFD
         (errors="replace", or as `errors` says)."""
         return self.decode_bytes(ids, special).decode("utf-8", errors)
+
+
+def load_tokenizer(path):
+    """The tokenizer of the GGUF file at `path` (a model or a vocabulary-only file): Tokenizer
+    (SPM) or jitgraph.models.bpe.BpeTokenizer, as its tokenizer.ggml.model says. Errors name
+    the file."""
+    import os
+
+    from ..formats.gguf_metadata import read_metadata
+    path = os.fspath(path)
+    md = read_metadata(path, "tokenizer.")
+    if K_MODEL not in md:
+        raise ValueError(f"{path}: no tokenizer in the metadata ({K_MODEL} is missing)")
+    return Tokenizer.from_metadata(md, source=path)
 
 
 # ---- vocabularies for models trained from scratch --------------------------------------------

@@ -1,0 +1,253 @@
+"""llama.cpp's BPE pre-tokenizers: text -> words, as src/unicode.cpp unicode_regex_split does it
+for the regex list of each `tokenizer.ggml.pre` (src/llama-vocab.cpp llm_tokenizer_bpe).
+
+llama.cpp runs each regex of the list over the pieces the previous ones left (a match and the
+text between matches each become a piece), in one of three ways, reproduced here:
+  - its hand-written splitters for the GPT-2, llama3, qwen2 and qwen35 regexes (chosen by the
+    exact regex string), with its own code point classes (src/unicode-data.cpp);
+  - a regex with \\p{..} classes runs (std::regex) on the "collapsed" text: ASCII kept, every
+    other code point replaced by one byte for its class (whitespace 0x0B, number 0xD1, letter
+    0xD2, punctuation 0xD3, accent mark 0xD4, symbol 0xD5, anything else 0xD0), each \\p{X}
+    by that byte plus the ASCII members of X;
+  - any other regex runs (std::wregex) on the code points, non-ASCII whitespace as 0x0B.
+Here every path is one Python `re` pattern over such a string of the text's length: the
+splitters as the regexes they implement over the collapsed classes (their edge cases included),
+the others translated from ECMAScript (\\s, \\S, \\d and $ as ASCII-only std::regex reads them).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .unicode_classes import RUNS
+
+# the collapsed class characters (the code units llama.cpp's collapsed text uses)
+_CLASS = {"W": 0x0B, "N": 0xD1, "L": 0xD2, "P": 0xD3, "M": 0xD4, "S": 0xD5, "O": 0xD0}
+_table = None
+
+
+def _classes() -> np.ndarray:
+    """uint8 [0x110000]: a code point's collapsed character (ASCII maps to itself)."""
+    global _table
+    if _table is None:
+        runs = re.findall(r"([0-9a-f]+)([A-Z])", "".join(RUNS))
+        starts = [0] + [int(s, 16) for s, _ in runs] + [0x110000]
+        t = np.empty(0x110000, np.uint8)
+        t[:128] = np.arange(128)
+        for (s, c), e in zip(runs, starts[2:]):
+            t[int(s, 16):e] = _CLASS[c]
+        _table = t
+    return _table
+
+
+def _codepoints(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+
+
+def collapse(text: str) -> str:
+    """llama.cpp's collapsed text: one character per code point (see the module docstring)."""
+    if text.isascii():
+        return text
+    return _classes()[_codepoints(text)].tobytes().decode("latin-1")
+
+
+def widen(text: str) -> str:
+    """The code points std::wregex sees: non-ASCII whitespace as 0x0B."""
+    if text.isascii():
+        return text
+    cp = _codepoints(text).copy()
+    cp[(cp >= 128) & (_classes()[cp] == 0x0B)] = 0x0B
+    return cp.tobytes().decode("utf-32-le", "surrogatepass")
+
+
+# ---- the hand-written splitters, as regexes over the collapsed classes ----------------------
+_L, _N, _M, _WS = "A-Za-z\xd2", "0-9\xd1", "\xd4", "\t-\r "
+_RUN_WS = f"[{_WS}]+(?![^{_WS}])|[{_WS}]+|."     # \s+(?!\S) as written in C++, \s+, one char
+_CI = "'[sStTmMdD]|'(?:[rR][eE]|[vV][eE]|[lL][lL])"   # (?i:'s|'t|'re|'ve|'m|'ll|'d)
+_CUSTOM = {
+    # unicode_regex_split_custom_gpt2
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)":
+        f"'[stmd]|'(?:re|ve|ll)| ?[{_L}]+| ?[{_N}]+| ?[^{_WS}{_L}{_N}]+|{_RUN_WS}",
+    # unicode_regex_split_custom_llama3 (both spellings)
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+":
+        f"{_CI}|[^\r\n{_L}{_N}]?[{_L}]+|[{_N}]{{1,3}}| ?[^{_WS}{_L}{_N}]+[\r\n]*"
+        f"|[{_WS}]*[\r\n]+|{_RUN_WS}",
+    # unicode_regex_split_custom_qwen2
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+":
+        f"{_CI}|[^\r\n{_L}{_N}]?[{_L}]+|[{_N}]| ?[^{_WS}{_L}{_N}]+[\r\n]*"
+        f"|[{_WS}]*[\r\n]+|{_RUN_WS}",
+    # unicode_regex_split_custom_qwen35: letter runs take accent marks too
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
+    "[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+":
+        f"{_CI}|[^\r\n{_L}{_N}]?[{_L}{_M}]+|[{_N}]| ?[^{_WS}{_L}{_M}{_N}]+[\r\n]*"
+        f"|[{_WS}]*[\r\n]+|{_RUN_WS}",
+}
+_CUSTOM["(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}"
+        "\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"] = _CUSTOM[
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"]
+
+# ---- ECMAScript -> Python for the std::regex paths ------------------------------------------
+# k_ucat_map: the collapsed byte of each class and its ASCII members
+_UCAT = {"N": "\xd10-9", "L": "\xd2A-Za-z", "P": "\xd3!-#%-*,-/:-;?-@\\[-\\]_\\{\\}",
+         "M": "\xd4", "S": "\xd5\\$\\+<->\\^`\\|~"}
+_UCAT.update({k: _UCAT["L"] for k in ("Lu", "Ll", "Lt", "Lm", "Lo")})
+_ESC = {"s": ("\\t-\\r ", False), "S": ("\\t-\\r ", True), "d": ("0-9", False)}
+
+
+def _translate(rx: str) -> str:
+    """A std::regex (ECMAScript, ASCII \\s \\d, $ only at the end) in Python's spelling, its
+    \\p{X} classes as llama.cpp's collapsed classes."""
+    out, i, inside = [], 0, False
+    while i < len(rx):
+        c = rx[i]
+        if c == "\\" and i + 1 < len(rx):
+            m = re.match(r"\\p\{(\w+)\}", rx[i:])
+            if m:
+                if m.group(1) not in _UCAT:
+                    raise ValueError(f"pre-tokenizer regex: class \\p{{{m.group(1)}}} is not "
+                                     f"supported")
+                body = _UCAT[m.group(1)]
+                out.append(body if inside else f"[{body}]")
+                i += m.end()
+                continue
+            e = rx[i + 1]
+            if e in _ESC:
+                body, neg = _ESC[e]
+                if inside and neg:
+                    raise ValueError("pre-tokenizer regex: \\S inside [...] is not supported")
+                out.append(body if inside else f"[{'^' if neg else ''}{body}]")
+            else:
+                out.append(rx[i:i + 2])
+            i += 2
+            continue
+        if c == "[" and not inside:
+            inside = True
+        elif c == "]" and inside and rx[i - 1] != "[" and rx[i - 2:i] != "[^":
+            inside = False
+        elif c == "$" and not inside:
+            c = "\\Z"
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+_HAS_UCAT = re.compile(r"\\p\{(N|L|P|M|S|Lu|Ll|Lt|Lm|Lo)\}")
+
+# ---- the regex lists of llama.cpp's pre-tokenizer types --------------------------------------
+_GPT2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+_LLAMA3 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
+           "\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_QWEN2 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
+          "\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_QWEN35 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
+           "[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|"
+           "\\s+")
+REGEXES = {
+    "default": ["[\\p{P}\\$\\+<=>\\^~\\|]+", _GPT2, "\\p{N}+", "[0-9][0-9][0-9]"],
+    "llama3": [_LLAMA3],
+    "deepseek-llm": [
+        "[\r\n]",
+        "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+        "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1"
+        "\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5"
+        "\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a"
+        "\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d"
+        "\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
+        "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115"
+        "\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
+        "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+        "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
+        "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
+        "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
+        "\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+        "\\s+$",
+        "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+        "\\p{N}+",
+    ],
+    "deepseek-coder": ["[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+",
+                       "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", "\\p{N}"],
+    "falcon": ["[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2, "[0-9][0-9][0-9]"],
+    "starcoder": ["\\p{N}", _GPT2],
+    "gpt2": [_GPT2],
+    "qwen2": [_QWEN2],
+    "qwen35": [_QWEN35],
+}
+
+# tokenizer.ggml.pre -> (regex list, llama.cpp's flags for it: clean_spaces, ignore_merges,
+# add_bos), as src/llama-vocab.cpp load() sets them
+_F = dict(clean_spaces=True, ignore_merges=False, add_bos=False)
+PRE_TYPES = {}
+for _names, _kind, _flags in [
+        (("default",), "default", {}),
+        (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+          "jina-v5-nano"), "llama3", dict(ignore_merges=True, add_bos=True)),
+        (("dbrx", "smaug-bpe"), "llama3", {}),
+        (("chatglm-bpe",), "llama3", {}),
+        (("deepseek-llm",), "deepseek-llm", dict(clean_spaces=False)),
+        (("deepseek-coder",), "deepseek-coder", dict(clean_spaces=False)),
+        (("falcon",), "falcon", {}),
+        (("mpt", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
+          "a.x-4.0", "mellum", "modern-bert", "olmo", "jais", "exaone4"), "gpt2", {}),
+        (("trillion", "granite-docling"), "gpt2", dict(clean_spaces=False)),
+        (("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"), "starcoder", {}),
+        (("command-r", "smollm"), "starcoder", dict(clean_spaces=False)),
+        (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"),
+         "qwen2", dict(clean_spaces=False)),
+        (("stablelm2", "megrez"), "qwen2", {}),
+        (("qwen35",), "qwen35", dict(clean_spaces=False))]:
+    for _n in _names:
+        PRE_TYPES[_n] = (_kind, {**_F, **_flags})
+
+
+class PreTokenizer:
+    """Splits text into words as llama.cpp does for the given pre-tokenizer kind (a key of
+    REGEXES)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.steps = []                     # (compiled pattern, runs on the collapsed text)
+        for rx in REGEXES[kind]:
+            if rx in _CUSTOM:
+                self.steps.append((re.compile(_CUSTOM[rx], re.S), True))
+            else:
+                self.steps.append((re.compile(_translate(rx), re.S), bool(_HAS_UCAT.search(rx))))
+
+    def split(self, text: str) -> list:
+        """The words of `text` (str; their concatenation is `text`)."""
+        if not text:
+            return []
+        ascii_ = text.isascii()
+        if len(self.steps) == 1:
+            pat, collapsed = self.steps[0]
+            if ascii_:
+                return pat.findall(text)
+            words = pat.findall(collapse(text) if collapsed else widen(text))
+            out, pos = [], 0
+            for w in words:
+                out.append(text[pos:pos + len(w)])
+                pos += len(w)
+            return out
+        views = {True: text, False: text} if ascii_ else {True: collapse(text),
+                                                          False: widen(text)}
+        spans = [(0, len(text))]
+        for pat, collapsed in self.steps:
+            s, new = views[collapsed], []
+            for a, b in spans:
+                pos = a
+                for m in pat.finditer(s, a, b):
+                    i, j = m.span()
+                    if i == j:
+                        continue
+                    if i > pos:
+                        new.append((pos, i))
+                    new.append((i, j))
+                    pos = j
+                if pos < b:
+                    new.append((pos, b))
+            spans = new
+        return [text[a:b] for a, b in spans]

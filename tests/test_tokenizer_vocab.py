@@ -1,0 +1,136 @@
+"""The tokenizers against llama.cpp's own tokenizer test suite: every vocabulary of llama.cpp's
+models/ggml-vocab-*.gguf set whose tokenizer.ggml.model is "gpt2" (BPE) or "llama" (SPM),
+tokenized as tests/test-tokenizer-0.cpp does (no BOS, no special-token parsing) and compared id
+for id with the .out files (tests/data/vocab/README.md says where each comes from)."""
+import hashlib
+import lzma
+from pathlib import Path
+
+import pytest
+
+from jitgraph.models.tokenizer import Tokenizer, load_tokenizer
+
+DATA = Path(__file__).parent / "data" / "vocab"
+SEP = b"\n__ggml_vocab_test__\n"
+# vocabularies with llama.cpp's own .inp/.out, and those whose .out llama-cpp-python wrote
+CASES = ["llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "falcon", "gpt-2",
+         "mpt", "starcoder", "refact", "command-r", "llama-spm", "phi-3"]
+QWEN35_SHA256 = "63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c"
+
+
+def _qwen35(qwen2: bytes) -> bytes:
+    """ggml-vocab-qwen35.gguf is ggml-vocab-qwen2.gguf with tokenizer.ggml.pre "qwen35"."""
+    key = b"tokenizer.ggml.pre"
+    i = qwen2.index(key) + len(key)
+    assert qwen2[i:i + 17] == b"\x08\x00\x00\x00\x05" + b"\x00" * 7 + b"qwen2"
+    return qwen2[:i + 4] + (6).to_bytes(8, "little") + b"qwen35" + qwen2[i + 17:]
+
+
+@pytest.fixture(scope="session")
+def vocab_dir(tmp_path_factory):
+    """The committed vocabularies, decompressed into a temporary folder (qwen35 rebuilt from
+    qwen2 and checked against the original file's SHA-256)."""
+    out = tmp_path_factory.mktemp("vocab")
+    for xz in sorted(DATA.glob("ggml-vocab-*.gguf.xz")):
+        raw = lzma.decompress(xz.read_bytes())
+        (out / xz.name[:-3]).write_bytes(raw)
+        if xz.name == "ggml-vocab-qwen2.gguf.xz":
+            q = _qwen35(raw)
+            assert hashlib.sha256(q).hexdigest() == QWEN35_SHA256
+            (out / "ggml-vocab-qwen35.gguf").write_bytes(q)
+    return out
+
+
+def read_cases(name):
+    """(texts, expected ids) as test-tokenizer-0.cpp reads X.gguf.inp and X.gguf.out."""
+    raw = (DATA / f"ggml-vocab-{name}.gguf.inp").read_bytes()
+    texts, pos = [], 0
+    while pos < len(raw):
+        j = raw.find(SEP, pos)
+        if j < 0:
+            texts.append(raw[pos:])
+            break
+        texts.append(raw[pos:j])
+        pos = j + len(SEP)
+    lines = (DATA / f"ggml-vocab-{name}.gguf.out").read_text().split("\n")
+    assert len(lines) >= len(texts)
+    return texts, [[int(x) for x in ln.split()] for ln in lines[:len(texts)]]
+
+
+_tokenizers = {}
+
+
+def tokenizer(vocab_dir, name):
+    if name not in _tokenizers:
+        _tokenizers[name] = load_tokenizer(vocab_dir / f"ggml-vocab-{name}.gguf")
+    return _tokenizers[name]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_llama_cpp_cases(vocab_dir, name):
+    tok = tokenizer(vocab_dir, name)
+    texts, want = read_cases(name)
+    assert len(texts) >= 46
+    bad = [(t, tok.encode(t, bos=False), w) for t, w in zip(texts, want)
+           if tok.encode(t, bos=False) != w]
+    assert not bad, f"{name}: {len(bad)} of {len(texts)} differ, first: {bad[0]}"
+    # str input gives what its UTF-8 bytes give
+    for t, w in zip(texts, want):
+        s = t.decode("utf-8", "surrogatepass")
+        assert tok.encode(s, bos=False) == w
+
+
+def test_model_kinds(vocab_dir):
+    from jitgraph.models.bpe import BpeTokenizer
+    assert isinstance(tokenizer(vocab_dir, "llama-bpe"), BpeTokenizer)
+    assert isinstance(tokenizer(vocab_dir, "llama-spm"), Tokenizer)
+    # llama.cpp's add_bos: llama3's pre-tokenizer turns it on, the file's key wins
+    assert tokenizer(vocab_dir, "llama-bpe").add_bos is True
+    assert tokenizer(vocab_dir, "gpt-2").add_bos is False
+    assert tokenizer(vocab_dir, "deepseek-llm").add_bos is True       # add_bos_token key
+    assert tokenizer(vocab_dir, "command-r").bos_id == 5
+
+
+def test_decode_roundtrip(vocab_dir):
+    """Without llama.cpp's clean_spaces (qwen2, deepseek, command-r), decode(encode(t)) == t for
+    every case; with it (gpt-2), its space clean-up applies."""
+    for name in ("qwen2", "deepseek-llm", "command-r"):
+        tok = tokenizer(vocab_dir, name)
+        for t in read_cases(name)[0]:
+            assert tok.decode_bytes(tok.encode(t, bos=False)) == t
+    g = tokenizer(vocab_dir, "gpt-2")
+    assert g.decode(g.encode("Hello , world ! It 's a ' test ' .", bos=False)) == \
+        "Hello, world! It's a'test '."
+
+
+def test_special_tokens(vocab_dir):
+    tok = tokenizer(vocab_dir, "llama-bpe")
+    bot, eot = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|eot_id|>")
+    hello = tok.encode("Hello", bos=False)
+    text = "<|begin_of_text|>Hello<|eot_id|>"
+    assert tok.encode(text, bos=False, special=True) == [bot] + hello + [eot]
+    # without special parsing the control tokens' text is plain text
+    assert bot not in tok.encode(text, bos=False) and eot not in tok.encode(text, bos=False)
+    assert tok.encode("Hello") == [tok.bos_id] + hello
+    assert tok.encode("Hello", eos=True)[-1] == tok.eos_id
+    assert tok.decode([bot] + hello) == "Hello"
+    assert tok.decode([bot] + hello, special=True) == "<|begin_of_text|>Hello"
+
+
+def test_unsupported(tmp_path):
+    import gguf
+    path = tmp_path / "v.gguf"
+    for model, pre, words in (("gpt2", "kimi-k2", ("kimi-k2", str(path))),
+                              ("bert", "default", ("bert", str(path)))):
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_tokenizer_model(model)
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(["a", "b", "ab"])
+        w.add_token_merges(["a b"])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.close()
+        with pytest.raises(ValueError) as e:
+            load_tokenizer(path)
+        msg = str(e.value)
+        assert "\n" not in msg and all(x in msg for x in words), msg
