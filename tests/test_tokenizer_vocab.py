@@ -14,7 +14,8 @@ DATA = Path(__file__).parent / "data" / "vocab"
 SEP = b"\n__ggml_vocab_test__\n"
 # vocabularies with llama.cpp's own .inp/.out, and those whose .out llama-cpp-python wrote
 CASES = ["llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "falcon", "gpt-2",
-         "mpt", "starcoder", "refact", "command-r", "llama-spm", "phi-3"]
+         "mpt", "starcoder", "refact", "command-r", "llama-spm", "phi-3", "aquila", "gpt-neox",
+         "baichuan"]
 QWEN35_SHA256 = "63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c"
 
 
@@ -134,3 +135,37 @@ def test_unsupported(tmp_path):
             load_tokenizer(path)
         msg = str(e.value)
         assert "\n" not in msg and all(x in msg for x in words), msg
+
+
+def test_special_cases_match_llama_cpp(vocab_dir):
+    """Texts holding special tokens, tokenized by llama.cpp with add_special and parse_special
+    on and off, and (BPE) llama_detokenize's text (special_cases.json, see the README)."""
+    import json
+    cases = json.loads((DATA / "special_cases.json").read_text())
+    assert len(cases) >= 8
+    for name, items in cases.items():
+        tok = tokenizer(vocab_dir, name)
+        for c in items:
+            for add in (0, 1):
+                for parse in (0, 1):
+                    got = tok.encode(c["text"], bos=bool(add) and tok.add_bos,
+                                     eos=bool(add) and tok.add_eos, special=bool(parse))
+                    assert got == c[f"ids_add{add}_parse{parse}"], (name, c["text"], add, parse)
+            if "detok" in c:
+                ids = c["ids_add0_parse1"]
+                assert tok.decode_bytes(ids) == c["detok"].encode("latin-1"), (name, c["text"])
+                assert tok.decode_bytes(ids, special=True) == \
+                    c["detok_special"].encode("latin-1"), (name, c["text"])
+
+
+def test_random_cases_match_llama_cpp(vocab_dir):
+    """Random texts over every code point class the pre-tokenizers tell apart, and random bytes
+    with invalid UTF-8, as llama.cpp tokenizes them (random_cases.json, see the README)."""
+    import json
+    data = json.loads((DATA / "random_cases.json").read_text())
+    texts = [t.encode("latin-1") for t in data.pop("texts")]
+    assert len(data) >= 12 and len(texts) >= 80
+    for name, want in data.items():
+        tok = tokenizer(vocab_dir, name)
+        bad = [(t, w) for t, w in zip(texts, want) if tok.encode(t, bos=False) != w]
+        assert not bad, f"{name}: {len(bad)} of {len(texts)} differ, first: {bad[0]}"

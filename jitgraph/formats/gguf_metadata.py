@@ -16,7 +16,7 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 
 
-def read_metadata(path, prefix: str = "") -> dict:
+def read_metadata(path, prefix: str | tuple = "") -> dict:
     """{key: value} of the GGUF file at `path` whose keys start with `prefix`: ints, floats,
     bools, str, and lists of them for arrays (the others are skipped, not decoded)."""
     path = os.fspath(path)

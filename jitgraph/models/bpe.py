@@ -94,6 +94,80 @@ def utf8_text(raw: bytes) -> str:
     return "".join(out)
 
 
+def fim_given(md: dict) -> frozenset:
+    """The fill-in-the-middle kinds whose token id the metadata gives."""
+    return frozenset(k for (k, old) in _FIM if f"tokenizer.ggml.{k}_token_id" in md
+                     or (old and f"tokenizer.ggml.{old}_token_id" in md))
+
+
+def token_attrs(ids: dict, types, fim_ids=frozenset(), pre=None, name=None) -> list:
+    """llama_token_attr of every token: from its type, then the loader's fixes by token text
+    (llama_vocab::impl::load): end-of-generation and fill-in-the-middle tokens become control
+    tokens, gpt-oss's markers user-defined; phi-3's special tokens strip the spaces after them,
+    jina-v2's <mask> those before it. `ids` maps token text to id."""
+    attrs = [_TYPE_ATTR.get(int(t), 0) for t in types]
+    for t in _EOG:
+        if t in ids:
+            attrs[ids[t]] |= A_CONTROL
+    for key, texts in _FIM.items():
+        found = [ids[t] for t in texts if t in ids]
+        if found and key[0] not in fim_ids:
+            attrs[min(found)] |= A_CONTROL
+    for t in _ALWAYS_USER:
+        if t in ids:
+            attrs[ids[t]] = A_USER
+    if all(t in ids for t in ("<|return|>", "<|call|>", "<|end|>")):
+        attrs[ids["<|end|>"]] = A_USER
+    if pre in ("jina-v2-de", "jina-v2-es", "jina-v2-code") and "<mask>" in ids:
+        attrs[ids["<mask>"]] |= A_LSTRIP
+    elif name and ("phi-3" in name.lower() or "phi3" in name.lower()):
+        for i, a in enumerate(attrs):
+            if a & (A_CONTROL | A_USER | A_UNKNOWN):
+                attrs[i] |= A_RSTRIP
+        for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+            if t in ids:
+                attrs[ids[t]] = attrs[ids[t]] | A_RSTRIP if on else attrs[ids[t]] & ~A_RSTRIP
+    return attrs
+
+
+def special_tokens(tokens, attrs) -> list:
+    """The ids tokenizer_st_partition tries, longest text first."""
+    special = [i for i, a in enumerate(attrs) if a & (A_CONTROL | A_USER | A_UNKNOWN)]
+    special.sort(key=lambda i: -len(tokens[i].encode("utf-8", "surrogatepass")))
+    return special
+
+
+def partition(text, special_ids, tokens, attrs, special: bool) -> list:
+    """llama.cpp's tokenizer_st_partition: the special tokens split out of `text` (str or
+    bytes) as ints, the text between them kept; control and unknown tokens only if `special`."""
+    frags = [text] if text else []
+    isbytes = isinstance(text, bytes)
+    ws = _WS.encode() if isbytes else _WS
+    for sid in special_ids:
+        a = attrs[sid]
+        if not special and a & (A_CONTROL | A_UNKNOWN):
+            continue
+        tok = tokens[sid].encode("utf-8", "surrogatepass") if isbytes else tokens[sid]
+        new = []
+        for frag in frags:
+            if isinstance(frag, int) or tok not in frag:
+                new.append(frag)
+                continue
+            parts = frag.split(tok)
+            last = len(parts) - 1
+            for j, part in enumerate(parts):
+                if j:
+                    new.append(sid)
+                if a & A_LSTRIP and j < last:
+                    part = part.rstrip(ws)
+                if a & A_RSTRIP and j > 0:
+                    part = part.lstrip(ws)
+                if part:
+                    new.append(part)
+        frags = new
+    return frags
+
+
 class _WordCache(dict):
     """word -> its token ids; a miss runs the BPE merges."""
 
@@ -115,7 +189,8 @@ class BpeTokenizer:
     def __init__(self, tokens, merges, types=None, pre: str | None = "default",
                  bos_id: int | None = 11, eos_id: int | None = 11, unk_id: int | None = None,
                  pad_id: int | None = None, add_bos: bool | None = None,
-                 add_eos: bool | None = None, fim_ids: frozenset = frozenset(), source: str = ""):
+                 add_eos: bool | None = None, fim_ids: frozenset = frozenset(),
+                 name: str | None = None, source: str = ""):
         where = f"{source}: " if source else ""
         kind = PRE_TYPES.get("default" if pre is None else pre)
         if kind is None:
@@ -147,34 +222,10 @@ class BpeTokenizer:
         for r, m in enumerate(self.merges):
             k = m.find(" ", 1)
             self._ranks.setdefault((m[:k], m[k + 1:]) if k >= 0 else ("", ""), r)
-        self.attrs = [_TYPE_ATTR.get(t, 0) for t in self.types]
-        self._override_attrs(fim_ids)
-        special = [i for i, a in enumerate(self.attrs) if a & (A_CONTROL | A_USER | A_UNKNOWN)]
-        special.sort(key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogatepass")))
-        self._special = special
+        self.attrs = token_attrs(self._ids, self.types, fim_ids, pre, name)
+        self._special = special_tokens(self.tokens, self.attrs)
         self._pieces = [None] * n
         self._cache = _WordCache(self)
-
-    def _override_attrs(self, fim_ids):
-        """The loader's fixes by token text (llama_vocab::impl::load): end-of-generation and
-        fill-in-the-middle tokens become control tokens, gpt-oss's markers user-defined."""
-        ids = self._ids
-        for t in _EOG:
-            if t in ids:
-                self.attrs[ids[t]] |= A_CONTROL
-        for key, texts in _FIM.items():
-            if key[0] in fim_ids:
-                continue
-            found = [ids[t] for t in texts if t in ids]
-            if found:
-                self.attrs[min(found)] |= A_CONTROL
-        for t in _ALWAYS_USER:
-            if t in ids:
-                self.attrs[ids[t]] = A_USER
-        if all(t in ids for t in ("<|return|>", "<|call|>", "<|end|>")):
-            self.attrs[ids["<|end|>"]] = A_USER
-        if self.pre in ("jina-v2-de", "jina-v2-es", "jina-v2-code") and "<mask>" in ids:
-            self.attrs[ids["<mask>"]] |= A_LSTRIP
 
     # ---- GGUF metadata ---------------------------------------------------------------------
     @classmethod
@@ -187,9 +238,6 @@ class BpeTokenizer:
         merges = md.get("tokenizer.ggml.merges")
         if merges is None:
             raise ValueError(f"{where}the BPE vocabulary has no tokenizer.ggml.merges")
-        fim = frozenset(k for (k, old) in _FIM
-                        if f"tokenizer.ggml.{k}_token_id" in md
-                        or (old and f"tokenizer.ggml.{old}_token_id" in md))
         return cls(tokens, merges, md.get("tokenizer.ggml.token_type"),
                    pre=md.get("tokenizer.ggml.pre"),
                    bos_id=md.get("tokenizer.ggml.bos_token_id", 11),
@@ -197,7 +245,8 @@ class BpeTokenizer:
                    unk_id=md.get("tokenizer.ggml.unknown_token_id"),
                    pad_id=md.get("tokenizer.ggml.padding_token_id"),
                    add_bos=md.get("tokenizer.ggml.add_bos_token"),
-                   add_eos=md.get("tokenizer.ggml.add_eos_token"), fim_ids=fim, source=source)
+                   add_eos=md.get("tokenizer.ggml.add_eos_token"), fim_ids=fim_given(md),
+                   name=md.get("general.name"), source=source)
 
     def write_gguf(self, writer) -> None:
         """Add this vocabulary's metadata to a gguf.GGUFWriter (before its header is written)."""
@@ -248,31 +297,7 @@ class BpeTokenizer:
         return out
 
     def _partition(self, text: str, special: bool) -> list:
-        """tokenizer_st_partition: special tokens split out (ints), text fragments (str)."""
-        frags = [text] if text else []
-        for sid in self._special:
-            a = self.attrs[sid]
-            if not special and a & (A_CONTROL | A_UNKNOWN):
-                continue
-            tok = self.tokens[sid]
-            new = []
-            for frag in frags:
-                if isinstance(frag, int) or tok not in frag:
-                    new.append(frag)
-                    continue
-                parts = frag.split(tok)
-                last = len(parts) - 1
-                for j, part in enumerate(parts):
-                    if j:
-                        new.append(sid)
-                    if a & A_LSTRIP and j < last:
-                        part = part.rstrip(_WS)
-                    if a & A_RSTRIP and j > 0:
-                        part = part.lstrip(_WS)
-                    if part:
-                        new.append(part)
-            frags = new
-        return frags
+        return partition(text, self._special, self.tokens, self.attrs, special)
 
     def _word(self, word: str) -> tuple:
         """The token ids of one pre-tokenized word (llm_tokenizer_bpe_session::tokenize)."""

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bpe import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, fim_given, partition,
+                  special_tokens, token_attrs)
+
 SPACE = "\u2581"          # SentencePiece's visible space, "▁"
 SPACE_BYTES = SPACE.encode("utf-8")
 
@@ -62,6 +65,8 @@ class Tokenizer:
     add_bos: bool = True
     add_eos: bool = False
     add_space_prefix: bool = True
+    name: str | None = None                  # general.name (phi-3's special tokens strip spaces)
+    fim_ids: frozenset = frozenset()         # fill-in-the-middle kinds the metadata gives ids of
     _ids: dict = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -82,9 +87,9 @@ class Tokenizer:
         self._text = [(t or f"[EMPTY_{i}]").encode("utf-8", "surrogatepass")
                       for i, t in enumerate(self.tokens)]
         self._ids = {t: i for i, t in enumerate(self._text)}
-        self._special = sorted((i for i, t in enumerate(self.types)
-                                if t in (CONTROL, USER_DEFINED, UNKNOWN)),
-                               key=lambda i: -len(self._text[i]))
+        self.attrs = token_attrs({t: i for i, t in enumerate(self.tokens)}, self.types,
+                                 self.fim_ids, None, self.name)
+        self._special = special_tokens(self.tokens, self.attrs)
         self._pieces = [self._piece(i) for i in range(n)]
 
     # ---- GGUF metadata ---------------------------------------------------------------------
@@ -127,7 +132,8 @@ class Tokenizer:
                    bos_id=tid(K_BOS, 1), eos_id=tid(K_EOS, 2), unk_id=tid(K_UNK, 0),
                    pad_id=tid(K_PAD, None), add_bos=bool(md.get(K_ADD_BOS, True)),
                    add_eos=bool(md.get(K_ADD_EOS, False)),
-                   add_space_prefix=bool(md.get(K_ADD_SPACE, True)))
+                   add_space_prefix=bool(md.get(K_ADD_SPACE, True)),
+                   name=md.get("general.name"), fim_ids=fim_given(md))
 
     def write_gguf(self, writer) -> None:
         """Add this vocabulary's metadata to a gguf.GGUFWriter (before its header is written)."""
@@ -194,24 +200,7 @@ class Tokenizer:
     def _partition(self, raw: bytes, special: bool):
         """llama.cpp's tokenizer_st_partition: split out special tokens (str fragments stay
         bytes, special tokens become ints)."""
-        frags = [raw] if raw else []
-        for sid in self._special:
-            if not special and self.types[sid] in (CONTROL, UNKNOWN):
-                continue
-            tok = self._text[sid]
-            new = []
-            for frag in frags:
-                if isinstance(frag, int) or tok not in frag:
-                    new.append(frag)
-                    continue
-                parts = frag.split(tok)
-                for j, part in enumerate(parts):
-                    if j:
-                        new.append(sid)
-                    if part:
-                        new.append(part)
-            frags = new
-        return frags
+        return partition(raw, self._special, self.tokens, self.attrs, special)
 
     def _spm(self, text: bytes, out: list) -> None:
         """llm_tokenizer_spm_session::tokenize on an escaped fragment."""
@@ -263,14 +252,14 @@ class Tokenizer:
 
     # ---- decoding --------------------------------------------------------------------------
     def _piece(self, i: int) -> bytes:
-        t = self.types[i]
-        if t in (CONTROL, UNKNOWN, USER_DEFINED):
+        a = self.attrs[i]
+        if a & (A_CONTROL | A_UNKNOWN | A_USER):
             return self._text[i]
-        if t == BYTE:
+        if a & A_NORMAL:
+            return self._text[i].replace(SPACE_BYTES, b" ")
+        if a & A_BYTE:
             m = _BYTE_TOKEN.fullmatch(self._text[i])
             return bytes([int(m.group(1), 16)]) if m else b""
-        if t == NORMAL:
-            return self._text[i].replace(SPACE_BYTES, b" ")
         return b""                                   # unused / undefined: nothing (as llama.cpp)
 
     def token_to_piece(self, i: int, special: bool = False) -> bytes:
@@ -278,7 +267,7 @@ class Tokenizer:
         unless special)."""
         if not 0 <= int(i) < len(self.tokens):
             raise IndexError(f"tokenizer: token id {i} out of range [0, {len(self.tokens)})")
-        if not special and self.types[i] in (CONTROL, UNKNOWN):
+        if not special and self.attrs[i] & (A_CONTROL | A_UNKNOWN):
             return b""
         return self._pieces[i]
 
@@ -313,7 +302,7 @@ def load_tokenizer(path):
 
     from ..formats.gguf_metadata import read_metadata
     path = os.fspath(path)
-    md = read_metadata(path, "tokenizer.")
+    md = read_metadata(path, ("tokenizer.", "general.name"))
     if K_MODEL not in md:
         raise ValueError(f"{path}: no tokenizer in the metadata ({K_MODEL} is missing)")
     return Tokenizer.from_metadata(md, source=path)
