@@ -169,3 +169,30 @@ def test_random_cases_match_llama_cpp(vocab_dir):
         tok = tokenizer(vocab_dir, name)
         bad = [(t, w) for t, w in zip(texts, want) if tok.encode(t, bos=False) != w]
         assert not bad, f"{name}: {len(bad)} of {len(texts)} differ, first: {bad[0]}"
+
+
+def test_tokenize_command(vocab_dir, tmp_path, capsys):
+    """`jitgraph tokenize`: ids as llama.cpp's .out has them (BOS added as the vocabulary says),
+    pieces with --json, special tokens with --special, one-line errors."""
+    import json
+
+    from jitgraph.cli import main
+    texts, want = read_cases("llama-bpe")
+    k = texts.index(b" Hello, world!")
+    model = str(vocab_dir / "ggml-vocab-llama-bpe.gguf")
+    assert main(["tokenize", model, "--prompt", " Hello, world!"]) == 0
+    assert capsys.readouterr().out.strip() == str([128000] + want[k])
+    f = tmp_path / "t.txt"
+    f.write_bytes(texts[k] + b"<|eot_id|>")
+    assert main(["tokenize", model, "--file", str(f), "--no-bos", "--special", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ids"] == want[k] + [128009]
+    assert "".join(out["pieces"]) == " Hello, world!<|eot_id|>"
+    spm = str(vocab_dir / "ggml-vocab-llama-spm.gguf")
+    st, sw = read_cases("llama-spm")
+    assert main(["tokenize", spm, "--prompt", st[k].decode(), "--no-bos"]) == 0
+    assert capsys.readouterr().out.strip() == str(sw[k])
+    assert main(["tokenize", str(tmp_path / "none.gguf"), "--prompt", "x"]) == 2
+    assert main(["tokenize", str(f), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "none.gguf" in err[0] and "not a GGUF file" in err[1]

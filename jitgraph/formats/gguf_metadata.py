@@ -24,8 +24,8 @@ def read_metadata(path, prefix: str | tuple = "") -> dict:
         size = os.fstat(f.fileno()).st_size
         if size < 24:
             raise ModelFormatError(f"{path}: not a GGUF file ({size} bytes)")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return _parse(memoryview(m), size, path, prefix)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as buf:
+            return _parse(buf, size, path, prefix)
 
 
 def _parse(buf, size, path, prefix):
