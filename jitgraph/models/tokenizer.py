@@ -91,6 +91,17 @@ class Tokenizer:
                                  self.fim_ids, None, self.name)
         self._special = special_tokens(self.tokens, self.attrs)
         self._pieces = [self._piece(i) for i in range(n)]
+        # the characters some token holds right before a "\u2581": text may be cut in front of
+        # any other "\u2581", since no merge can then join across the cut (see _spm_words)
+        before = set()
+        for t in self._text:
+            k = t.find(SPACE_BYTES, 1)
+            while k > 0:
+                c = t[:k].decode("utf-8", "replace")[-1:]
+                before.add(c)
+                k = t.find(SPACE_BYTES, k + 1)
+        self._before_space = before
+        self._cache = {}
 
     # ---- GGUF metadata ---------------------------------------------------------------------
     @classmethod
@@ -191,7 +202,7 @@ class Tokenizer:
                 continue
             if self.add_space_prefix and prev_special:
                 frag = b" " + frag
-            self._spm(frag.replace(b" ", SPACE_BYTES), out)
+            self._spm_words(frag.replace(b" ", SPACE_BYTES), out)
             prev_special = False
         if (eos or (bos and self.add_eos)) and self.eos_id is not None:
             out.append(self.eos_id)
@@ -201,6 +212,35 @@ class Tokenizer:
         """llama.cpp's tokenizer_st_partition: split out special tokens (str fragments stay
         bytes, special tokens become ints)."""
         return partition(raw, self._special, self.tokens, self.attrs, special)
+
+    def _spm_words(self, text: bytes, out: list) -> None:
+        """_spm on the pieces of `text` cut in front of each "\u2581" that no token holds after
+        the character before it (merges never cross such a cut, and each piece's merges come
+        in the same order alone), each piece's ids cached."""
+        try:
+            s = text.decode("utf-8")
+        except UnicodeDecodeError:              # a broken character could span a cut
+            self._spm(text, out)
+            return
+        parts = s.split(SPACE)
+        before, cache = self._before_space, self._cache
+        if len(cache) > 1 << 20:
+            cache.clear()
+        pieces, cur = [], parts[0]
+        for p in parts[1:]:
+            if cur and cur[-1] in before:
+                cur += SPACE + p
+            else:
+                pieces.append(cur)
+                cur = SPACE + p
+        pieces.append(cur)
+        for piece in pieces:
+            ids = cache.get(piece)
+            if ids is None:
+                ids = []
+                self._spm(piece.encode("utf-8"), ids)
+                cache[piece] = ids
+            out.extend(ids)
 
     def _spm(self, text: bytes, out: list) -> None:
         """llm_tokenizer_spm_session::tokenize on an escaped fragment."""

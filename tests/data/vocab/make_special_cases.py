@@ -13,7 +13,8 @@ from jitgraph.models.tokenizer import load_tokenizer
 
 VOCABS = ["llama-bpe", "qwen2", "gpt-2", "command-r", "deepseek-coder", "mpt", "phi-3",
           "llama-spm"]
-BASE = ["Hello world", " it's  a\n\n test ", "\u00c4pfel \U0001f999 123456", "", " ", "a , b ' c 's"]
+BASE = ["Hello world", " it's  a\n\n test ", "\u00c4pfel \U0001f999 123456", "", " ",
+        "a , b ' c 's"]
 
 
 def detokenize(llm, ids, unparse):
