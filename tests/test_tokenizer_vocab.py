@@ -196,3 +196,32 @@ def test_tokenize_command(vocab_dir, tmp_path, capsys):
     assert main(["tokenize", str(f), "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "none.gguf" in err[0] and "not a GGUF file" in err[1]
+
+
+def test_write_gguf_roundtrip(vocab_dir, tmp_path):
+    """A BPE vocabulary written with write_gguf (as write_llama does) reads back the same."""
+    import gguf
+    tok = tokenizer(vocab_dir, "qwen2")
+    path = tmp_path / "w.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    tok.write_gguf(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    back = load_tokenizer(path)
+    assert (back.tokens, back.merges, back.types, back.pre, back.bos_id, back.eos_id) == \
+        (tok.tokens, tok.merges, tok.types, tok.pre, tok.bos_id, tok.eos_id)
+    texts, want = read_cases("qwen2")
+    assert [back.encode(t, bos=False) for t in texts] == want
+
+
+def test_truncated_file(vocab_dir, tmp_path):
+    """A truncated vocabulary is a one-line error naming the file, whatever the cut."""
+    from jitgraph.errors import ModelFormatError
+    raw = (vocab_dir / "ggml-vocab-gpt-2.gguf").read_bytes()
+    for cut in (10, 30, 200, 5000, len(raw) // 2, len(raw) - 1):
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(raw[:cut])
+        with pytest.raises(ModelFormatError) as e:
+            load_tokenizer(p)
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
