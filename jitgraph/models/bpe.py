@@ -176,6 +176,8 @@ class _WordCache(dict):
         self.tok = tok
 
     def __missing__(self, word):
+        if len(word) > 256:                      # long words seldom repeat: not kept
+            return self.tok._word(word)
         if len(self) > 1 << 20:
             self.clear()
         ids = self[word] = self.tok._word(word)

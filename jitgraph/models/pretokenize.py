@@ -211,6 +211,7 @@ class PreTokenizer:
     def __init__(self, kind: str):
         self.kind = kind
         self.steps = []                     # (compiled pattern, runs on the collapsed text)
+        self._memo = {}                     # (step, piece) -> its words
         for rx in REGEXES[kind]:
             if rx in _CUSTOM:
                 self.steps.append((re.compile(_CUSTOM[rx], re.S), True))
@@ -234,20 +235,37 @@ class PreTokenizer:
             return out
         views = {True: text, False: text} if ascii_ else {True: collapse(text),
                                                           False: widen(text)}
-        spans = [(0, len(text))]
-        for pat, collapsed in self.steps:
-            s, new = views[collapsed], []
-            for a, b in spans:
-                pos = a
-                for m in pat.finditer(s, a, b):
-                    i, j = m.span()
-                    if i == j:
-                        continue
-                    if i > pos:
-                        new.append((pos, i))
-                    new.append((i, j))
-                    pos = j
-                if pos < b:
-                    new.append((pos, b))
-            spans = new
-        return [text[a:b] for a, b in spans]
+        if len(self._memo) > 1 << 20:
+            self._memo.clear()
+        out = []
+        self._split(0, 0, len(text), text, views, out)
+        return out
+
+    def _split(self, k, a, b, text, views, out):
+        """Append the words steps k.. make of text[a:b]. A piece's split by the later steps
+        depends on its characters alone (no pattern looks behind its start), so it is kept
+        by (k, piece): a word met again costs one look-up."""
+        if k == len(self.steps):
+            out.append(text[a:b])
+            return
+        key = (k, text[a:b]) if k and b - a <= 64 else None     # short pieces repeat
+        if key is not None:
+            words = self._memo.get(key)
+            if words is not None:
+                out.extend(words)
+                return
+        start = len(out)
+        pat, collapsed = self.steps[k]
+        pos = a
+        for m in pat.finditer(views[collapsed], a, b):
+            i, j = m.span()
+            if i == j:
+                continue
+            if i > pos:
+                self._split(k + 1, pos, i, text, views, out)
+            self._split(k + 1, i, j, text, views, out)
+            pos = j
+        if pos < b:
+            self._split(k + 1, pos, b, text, views, out)
+        if key is not None:
+            self._memo[key] = out[start:]

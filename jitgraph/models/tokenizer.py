@@ -239,7 +239,8 @@ class Tokenizer:
             if ids is None:
                 ids = []
                 self._spm(piece.encode("utf-8"), ids)
-                cache[piece] = ids
+                if len(piece) <= 256:            # long pieces seldom repeat: not kept
+                    cache[piece] = ids
             out.extend(ids)
 
     def _spm(self, text: bytes, out: list) -> None:
