@@ -137,35 +137,63 @@ def special_tokens(tokens, attrs) -> list:
     return special
 
 
-def partition(text, special_ids, tokens, attrs, special: bool) -> list:
-    """llama.cpp's tokenizer_st_partition: the special tokens split out of `text` (str or
-    bytes) as ints, the text between them kept; control and unknown tokens only if `special`."""
-    frags = [text] if text else []
-    isbytes = isinstance(text, bytes)
-    ws = _WS.encode() if isbytes else _WS
-    for sid in special_ids:
-        a = attrs[sid]
-        if not special and a & (A_CONTROL | A_UNKNOWN):
-            continue
-        tok = tokens[sid].encode("utf-8", "surrogatepass") if isbytes else tokens[sid]
-        new = []
-        for frag in frags:
-            if isinstance(frag, int) or tok not in frag:
-                new.append(frag)
-                continue
-            parts = frag.split(tok)
-            last = len(parts) - 1
-            for j, part in enumerate(parts):
-                if j:
-                    new.append(sid)
-                if a & A_LSTRIP and j < last:
-                    part = part.rstrip(ws)
-                if a & A_RSTRIP and j > 0:
-                    part = part.lstrip(ws)
-                if part:
-                    new.append(part)
-        frags = new
-    return frags
+class SpecialTokens:
+    """The tokens llama.cpp's tokenizer_st_partition splits out of a text, longest first, with
+    an index by their first characters: a text is searched only for the tokens it holds (some
+    vocabularies have thousands, most never in a given text)."""
+
+    def __init__(self, tokens, attrs):
+        self.ids = special_tokens(tokens, attrs)
+        self.tokens, self.attrs = tokens, attrs
+        self._groups = {}
+
+    def _candidates(self, special: bool, isbytes: bool) -> list:
+        g = self._groups.get((special, isbytes))
+        if g is None:
+            groups = {}
+            for order, sid in enumerate(self.ids):
+                if not special and self.attrs[sid] & (A_CONTROL | A_UNKNOWN):
+                    continue
+                t = self.tokens[sid]
+                t = t.encode("utf-8", "surrogatepass") if isbytes else t
+                groups.setdefault(t[:4], []).append((order, sid, t))
+            g = self._groups[special, isbytes] = list(groups.items())
+        return g
+
+    def split(self, text, special: bool) -> list:
+        """`text` (str or bytes) as fragments: special token ids (ints) and the text between
+        them; control and unknown tokens only if `special`."""
+        if not text:
+            return []
+        present = []
+        for prefix, members in self._candidates(special, isinstance(text, bytes)):
+            if prefix in text:
+                present.extend(m for m in members if m[2] in text)
+        if not present:
+            return [text]
+        present.sort()
+        ws = _WS.encode() if isinstance(text, bytes) else _WS
+        frags = [text]
+        for _, sid, tok in present:
+            a = self.attrs[sid]
+            new = []
+            for frag in frags:
+                if isinstance(frag, int) or tok not in frag:
+                    new.append(frag)
+                    continue
+                parts = frag.split(tok)
+                last = len(parts) - 1
+                for j, part in enumerate(parts):
+                    if j:
+                        new.append(sid)
+                    if a & A_LSTRIP and j < last:
+                        part = part.rstrip(ws)
+                    if a & A_RSTRIP and j > 0:
+                        part = part.lstrip(ws)
+                    if part:
+                        new.append(part)
+            frags = new
+        return frags
 
 
 class _WordCache(dict):
@@ -225,7 +253,7 @@ class BpeTokenizer:
             k = m.find(" ", 1)
             self._ranks.setdefault((m[:k], m[k + 1:]) if k >= 0 else ("", ""), r)
         self.attrs = token_attrs(self._ids, self.types, fim_ids, pre, name)
-        self._special = special_tokens(self.tokens, self.attrs)
+        self._special = SpecialTokens(self.tokens, self.attrs)
         self._pieces = [None] * n
         self._cache = _WordCache(self)
 
@@ -299,7 +327,7 @@ class BpeTokenizer:
         return out
 
     def _partition(self, text: str, special: bool) -> list:
-        return partition(text, self._special, self.tokens, self.attrs, special)
+        return self._special.split(text, special)
 
     def _word(self, word: str) -> tuple:
         """The token ids of one pre-tokenized word (llm_tokenizer_bpe_session::tokenize)."""

@@ -14,6 +14,10 @@ Decoding follows llama_token_to_piece: normal tokens with "\u2581" -> " ", byte 
 byte, control and unknown tokens as nothing (their text with special=True); the leading space that
 encoding added is removed again, so decode(encode(text)) == text whenever every character of
 `text` is covered by the vocabulary or by byte tokens.
+
+Token attributes (which tokens are special, phi-3's space stripping) are set as llama.cpp's loader
+sets them (jitgraph.models.bpe.token_attrs). load_tokenizer / Tokenizer.from_metadata give this
+class for "llama" vocabularies and jitgraph.models.bpe.BpeTokenizer for "gpt2" ones.
 """
 from __future__ import annotations
 
@@ -24,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bpe import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, fim_given, partition,
-                  special_tokens, token_attrs)
+from .bpe import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens, fim_given,
+                  token_attrs)
 
 SPACE = "\u2581"          # SentencePiece's visible space, "▁"
 SPACE_BYTES = SPACE.encode("utf-8")
@@ -89,7 +93,7 @@ class Tokenizer:
         self._ids = {t: i for i, t in enumerate(self._text)}
         self.attrs = token_attrs({t: i for i, t in enumerate(self.tokens)}, self.types,
                                  self.fim_ids, None, self.name)
-        self._special = special_tokens(self.tokens, self.attrs)
+        self._special = SpecialTokens(self.tokens, self.attrs)
         self._pieces = [self._piece(i) for i in range(n)]
         # the characters some token holds right before a "\u2581": text may be cut in front of
         # any other "\u2581", since no merge can then join across the cut (see _spm_words)
@@ -211,7 +215,7 @@ class Tokenizer:
     def _partition(self, raw: bytes, special: bool):
         """llama.cpp's tokenizer_st_partition: split out special tokens (str fragments stay
         bytes, special tokens become ints)."""
-        return partition(raw, self._special, self.tokens, self.attrs, special)
+        return self._special.split(raw, special)
 
     def _spm_words(self, text: bytes, out: list) -> None:
         """_spm on the pieces of `text` cut in front of each "\u2581" that no token holds after
