@@ -225,3 +225,24 @@ def test_truncated_file(vocab_dir, tmp_path):
         with pytest.raises(ModelFormatError) as e:
             load_tokenizer(p)
         assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_pre_tokenizer_type(vocab_dir):
+    """One tokenizer.ggml.pre name of each pre-tokenizer type and flag set jitgraph reads, with
+    gpt-2's vocabulary: llama.cpp's tokens, BOS as the name says (pre_cases.json, see the
+    README)."""
+    import json
+
+    from jitgraph.formats.gguf_metadata import read_metadata
+    from jitgraph.models.bpe import BpeTokenizer
+    from jitgraph.models.pre_regexes import PRE_TYPES
+    data = json.loads((DATA / "pre_cases.json").read_text())
+    texts = [t.encode("latin-1") for t in data.pop("texts")]
+    kinds = {k for k, _ in PRE_TYPES.values()}
+    assert {PRE_TYPES[n][0] for n in data} == kinds and len(texts) >= 70
+    md = read_metadata(vocab_dir / "ggml-vocab-gpt-2.gguf", "tokenizer.")
+    for name, want in data.items():
+        tok = BpeTokenizer.from_metadata({**md, "tokenizer.ggml.pre": name})
+        got = [tok.encode(t, bos=tok.add_bos) for t in texts]
+        bad = [(t, g, w) for t, g, w in zip(texts, got, want) if g != w]
+        assert not bad, f"{name}: {len(bad)} of {len(texts)} differ, first: {bad[0]}"

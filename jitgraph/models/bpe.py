@@ -1,6 +1,8 @@
 """llama.cpp's BPE tokenizer (GGUF `tokenizer.ggml.model = "gpt2"`, with the pre-tokenizer that
-`tokenizer.ggml.pre` names), token for token: LLaMA 3, Qwen2, DeepSeek, Falcon, GPT-2, MPT,
-StarCoder, Command-R and the other vocabularies of jitgraph.models.pretokenize.PRE_TYPES.
+`tokenizer.ggml.pre` names), token for token: LLaMA 3 and 4, Qwen2 and 3.5, DeepSeek (LLM, Coder,
+V3), Falcon, GPT-2, MPT, StarCoder, Command-R, SmolLM, Mistral's tekken and the other names of
+jitgraph.models.pre_regexes.PRE_TYPES (all of llama.cpp's byte-level ones but kimi-k2, afmoe,
+tiny_aya and cohere2moe, which it splits with code of its own).
 
 Encoding follows src/llama-vocab.cpp (llama_vocab::impl::tokenize, llm_tokenizer_bpe_session):
   - special tokens are split out of the text first, longest first: user-defined ones always,
@@ -265,12 +267,14 @@ class BpeTokenizer:
         tokens = md.get("tokenizer.ggml.tokens")
         if not tokens:
             raise ValueError(f"{where}no tokenizer.ggml.tokens in the metadata")
+        pre = md.get("tokenizer.ggml.pre")
+        no_bos = PRE_TYPES.get("default" if pre is None else pre, ("", {}))[1].get("no_bos")
         merges = md.get("tokenizer.ggml.merges")
         if merges is None:
             raise ValueError(f"{where}the BPE vocabulary has no tokenizer.ggml.merges")
         return cls(tokens, merges, md.get("tokenizer.ggml.token_type"),
-                   pre=md.get("tokenizer.ggml.pre"),
-                   bos_id=md.get("tokenizer.ggml.bos_token_id", 11),
+                   pre=pre,
+                   bos_id=md.get("tokenizer.ggml.bos_token_id", None if no_bos else 11),
                    eos_id=md.get("tokenizer.ggml.eos_token_id", 11),
                    unk_id=md.get("tokenizer.ggml.unknown_token_id"),
                    pad_id=md.get("tokenizer.ggml.padding_token_id"),

@@ -20,6 +20,7 @@ import re
 
 import numpy as np
 
+from .pre_regexes import PRE_TYPES, REGEXES  # noqa: F401 (PRE_TYPES: read by bpe.py)
 from .unicode_classes import RUNS
 
 # the collapsed class characters (the code units llama.cpp's collapsed text uses)
@@ -130,6 +131,8 @@ def _translate(rx: str) -> str:
             inside = False
         elif c == "$" and not inside:
             c = "\\Z"
+        elif c == "(" and not inside and rx[i + 1:i + 2] != "?":
+            c = "(?:"                           # no groups: findall gives the whole matches
         out.append(c)
         i += 1
     return "".join(out)
@@ -137,81 +140,15 @@ def _translate(rx: str) -> str:
 
 _HAS_UCAT = re.compile(r"\\p\{(N|L|P|M|S|Lu|Ll|Lt|Lm|Lo)\}")
 
-# ---- the regex lists of llama.cpp's pre-tokenizer types --------------------------------------
-_GPT2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
-_LLAMA3 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
-           "\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-_QWEN2 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
-          "\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-_QWEN35 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
-           "[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|"
-           "\\s+")
-REGEXES = {
-    "default": ["[\\p{P}\\$\\+<=>\\^~\\|]+", _GPT2, "\\p{N}+", "[0-9][0-9][0-9]"],
-    "llama3": [_LLAMA3],
-    "deepseek-llm": [
-        "[\r\n]",
-        "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
-        "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1"
-        "\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5"
-        "\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a"
-        "\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d"
-        "\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
-        "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115"
-        "\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
-        "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
-        "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
-        "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
-        "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
-        "\U000118a0-\U000118df\U0001e900-\U0001e943]+",
-        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
-        "\\s+$",
-        "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
-        "\\p{N}+",
-    ],
-    "deepseek-coder": ["[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+",
-                       "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", "\\p{N}"],
-    "falcon": ["[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2, "[0-9][0-9][0-9]"],
-    "starcoder": ["\\p{N}", _GPT2],
-    "gpt2": [_GPT2],
-    "qwen2": [_QWEN2],
-    "qwen35": [_QWEN35],
-}
-
-# tokenizer.ggml.pre -> (regex list, llama.cpp's flags for it: clean_spaces, ignore_merges,
-# add_bos), as src/llama-vocab.cpp load() sets them
-_F = dict(clean_spaces=True, ignore_merges=False, add_bos=False)
-PRE_TYPES = {}
-for _names, _kind, _flags in [
-        (("default",), "default", {}),
-        (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-          "jina-v5-nano"), "llama3", dict(ignore_merges=True, add_bos=True)),
-        (("dbrx", "smaug-bpe"), "llama3", {}),
-        (("chatglm-bpe",), "llama3", {}),
-        (("deepseek-llm",), "deepseek-llm", dict(clean_spaces=False)),
-        (("deepseek-coder",), "deepseek-coder", dict(clean_spaces=False)),
-        (("falcon",), "falcon", {}),
-        (("mpt", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-          "a.x-4.0", "mellum", "modern-bert", "olmo", "jais", "exaone4"), "gpt2", {}),
-        (("trillion", "granite-docling"), "gpt2", dict(clean_spaces=False)),
-        (("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"), "starcoder", {}),
-        (("command-r", "smollm"), "starcoder", dict(clean_spaces=False)),
-        (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"),
-         "qwen2", dict(clean_spaces=False)),
-        (("stablelm2", "megrez"), "qwen2", {}),
-        (("qwen35",), "qwen35", dict(clean_spaces=False))]:
-    for _n in _names:
-        PRE_TYPES[_n] = (_kind, {**_F, **_flags})
-
-
 class PreTokenizer:
-    """Splits text into words as llama.cpp does for the given pre-tokenizer kind (a key of
-    REGEXES)."""
+    """Splits text into words as llama.cpp does for the given pre-tokenizer type (a key of
+    REGEXES: "LLAMA3", "QWEN2", ...)."""
 
     def __init__(self, kind: str):
         self.kind = kind
         self.steps = []                     # (compiled pattern, runs on the collapsed text)
         self._memo = {}                     # (step, piece) -> its words
+        self.tiles = REGEXES[kind][-1] in _CUSTOM   # a splitter's regex ends in "|."
         for rx in REGEXES[kind]:
             if rx in _CUSTOM:
                 self.steps.append((re.compile(_CUSTOM[rx], re.S), True))
@@ -223,7 +160,7 @@ class PreTokenizer:
         if not text:
             return []
         ascii_ = text.isascii()
-        if len(self.steps) == 1:
+        if len(self.steps) == 1 and self.tiles:     # its matches cover the text: no gaps
             pat, collapsed = self.steps[0]
             if ascii_:
                 return pat.findall(text)
@@ -259,7 +196,10 @@ class PreTokenizer:
         pos = a
         for m in pat.finditer(views[collapsed], a, b):
             i, j = m.span()
-            if i == j:
+            if i == j:                          # an empty match still cuts (superbpe's)
+                if i > pos:
+                    self._split(k + 1, pos, i, text, views, out)
+                    pos = i
                 continue
             if i > pos:
                 self._split(k + 1, pos, i, text, views, out)

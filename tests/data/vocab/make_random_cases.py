@@ -26,14 +26,20 @@ BYTES = [b"a", b" ", b"\n", b"'s", b"1", b"\xc3\xa4", b"\xc3", b"\xa4", b"\xe2\x
          b"\xf0\x9f\xa6\x99", b"\xf0\x9f", b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xe0\x80\xaf",
          b"."]
 
-rng = random.Random(20261204)
-texts = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 60))).encode("utf-8")
-         for _ in range(60)]
-texts += [b"".join(rng.choice(BYTES) for _ in range(rng.randint(1, 20))) for _ in range(20)]
-out = {"texts": [t.decode("latin-1") for t in texts]}
-for name in VOCABS:
-    llm = llama_cpp.Llama(model_path=f"{sys.argv[1]}/ggml-vocab-{name}.gguf", vocab_only=True,
-                          verbose=False)
-    out[name] = [list(llm.tokenize(t, add_bos=False, special=False)) for t in texts]
-with open(sys.argv[2], "w", encoding="utf-8") as f:
-    json.dump(out, f, ensure_ascii=True, separators=(",", ":"))
+
+def main():
+    rng = random.Random(20261204)
+    texts = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 60))).encode("utf-8")
+             for _ in range(60)]
+    texts += [b"".join(rng.choice(BYTES) for _ in range(rng.randint(1, 20))) for _ in range(20)]
+    out = {"texts": [t.decode("latin-1") for t in texts]}
+    for name in VOCABS:
+        llm = llama_cpp.Llama(model_path=f"{sys.argv[1]}/ggml-vocab-{name}.gguf", vocab_only=True,
+                              verbose=False)
+        out[name] = [list(llm.tokenize(t, add_bos=False, special=False)) for t in texts]
+    with open(sys.argv[2], "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=True, separators=(",", ":"))
+
+
+if __name__ == "__main__":
+    main()
