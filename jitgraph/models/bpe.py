@@ -272,12 +272,13 @@ class BpeTokenizer:
         merges = md.get("tokenizer.ggml.merges")
         if merges is None:
             raise ValueError(f"{where}the BPE vocabulary has no tokenizer.ggml.merges")
+
+        def tid(key, default):                  # an id out of range keeps llama.cpp's default
+            v = md.get(f"tokenizer.ggml.{key}_token_id")
+            return v if v is not None and 0 <= int(v) < len(tokens) else default
         return cls(tokens, merges, md.get("tokenizer.ggml.token_type"),
-                   pre=pre,
-                   bos_id=md.get("tokenizer.ggml.bos_token_id", None if no_bos else 11),
-                   eos_id=md.get("tokenizer.ggml.eos_token_id", 11),
-                   unk_id=md.get("tokenizer.ggml.unknown_token_id"),
-                   pad_id=md.get("tokenizer.ggml.padding_token_id"),
+                   pre=pre, bos_id=tid("bos", None if no_bos else 11), eos_id=tid("eos", 11),
+                   unk_id=tid("unknown", None), pad_id=tid("padding", None),
                    add_bos=md.get("tokenizer.ggml.add_bos_token"),
                    add_eos=md.get("tokenizer.ggml.add_eos_token"), fim_ids=fim_given(md),
                    name=md.get("general.name"), source=source)

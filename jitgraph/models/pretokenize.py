@@ -1,5 +1,6 @@
 """llama.cpp's BPE pre-tokenizers: text -> words, as src/unicode.cpp unicode_regex_split does it
-for the regex list of each `tokenizer.ggml.pre` (src/llama-vocab.cpp llm_tokenizer_bpe).
+for the regex list of each `tokenizer.ggml.pre` (src/llama-vocab.cpp llm_tokenizer_bpe; the lists
+and the names' flags are in pre_regexes.py, generated from it).
 
 llama.cpp runs each regex of the list over the pieces the previous ones left (a match and the
 text between matches each become a piece), in one of three ways, reproduced here:
