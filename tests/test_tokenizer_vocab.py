@@ -246,3 +246,37 @@ def test_every_pre_tokenizer_type(vocab_dir):
         got = [tok.encode(t, bos=tok.add_bos) for t in texts]
         bad = [(t, g, w) for t, g, w in zip(texts, got, want) if g != w]
         assert not bad, f"{name}: {len(bad)} of {len(texts)} differ, first: {bad[0]}"
+
+
+def test_mutated_files(tmp_path):
+    """Random byte changes to a small vocabulary file: it loads, or the error is one line naming
+    the file (a ValueError: ModelFormatError or a bad metadata value), never another exception."""
+    import random
+
+    import gguf
+    path = tmp_path / "small.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(["a", "b", "ab", "<|x|>"])
+    w.add_token_merges(["a b"])
+    w.add_token_types([1, 1, 1, 3])
+    w.add_uint32("tokenizer.ggml.bos_token_id", 3)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    raw = path.read_bytes()
+    assert load_tokenizer(path).encode("abab", bos=False) == [2, 2]
+    rng = random.Random(0)
+    for k in range(2000):
+        b = bytearray(raw)
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        p = tmp_path / f"m{k}.gguf"
+        p.write_bytes(bytes(b[:rng.randint(len(b) // 2, len(b))] if k % 3 == 0 else b))
+        try:
+            tok = load_tokenizer(p)
+        except ValueError as e:
+            assert str(p) in str(e) and "\n" not in str(e), str(e)
+            continue
+        tok.encode("ab <|x|> ba", bos=False, special=True)

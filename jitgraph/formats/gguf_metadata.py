@@ -82,9 +82,9 @@ def _parse(buf, size, path, prefix):
             itype, count = struct.unpack_from(order + "IQ", buf, pos)
             pos += 12
             if itype in _SCALARS:
-                st = struct.Struct(f"{order}{count}{_SCALARS[itype]}")
                 if count * struct.calcsize(_SCALARS[itype]) > size - pos:
                     fail(f"{key!r} ({count} elements)")
+                st = struct.Struct(f"{order}{count}{_SCALARS[itype]}")
                 if keep:
                     out[key] = list(st.unpack_from(buf, pos))
                 pos += st.size

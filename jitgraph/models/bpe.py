@@ -198,6 +198,35 @@ class SpecialTokens:
         return frags
 
 
+_KINDS = {"tokens": (list, str), "merges": (list, str), "token_type": (list, int),
+          "scores": (list, (int, float)), "pre": (str, None), "model": (str, None),
+          "add_bos_token": ((bool, int), None), "add_eos_token": ((bool, int), None),
+          "add_space_prefix": ((bool, int), None)}
+
+
+def check_metadata(md: dict, where: str = "") -> None:
+    """Each tokenizer.ggml.* value the tokenizers read has the type llama.cpp reads it as:
+    a one-line ValueError naming the key otherwise (ids: non-negative integers)."""
+    for key, v in md.items():
+        if not key.startswith("tokenizer.ggml."):
+            continue
+        name = key[len("tokenizer.ggml."):]
+        if name.endswith("_token_id"):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{where}{key} must be a token id (an unsigned integer), got "
+                                 f"{v!r:.40}")
+            continue
+        kind = _KINDS.get(name)
+        if kind is None:
+            continue
+        outer, inner = kind
+        if not isinstance(v, outer) or (inner and not all(isinstance(x, inner) for x in v)):
+            what = outer.__name__ if isinstance(outer, type) else "a boolean"
+            raise ValueError(f"{where}{key} must be {what}"
+                             f"{' of ' + inner.__name__ if isinstance(inner, type) else ''}"
+                             f", got {type(v).__name__}")
+
+
 class _WordCache(dict):
     """word -> its token ids; a miss runs the BPE merges."""
 
@@ -264,6 +293,7 @@ class BpeTokenizer:
     def from_metadata(cls, md: dict, source: str = "") -> "BpeTokenizer":
         """From a {key: value} dict of GGUF metadata with tokenizer.ggml.model = "gpt2"."""
         where = f"{source}: " if source else ""
+        check_metadata(md, where)
         tokens = md.get("tokenizer.ggml.tokens")
         if not tokens:
             raise ValueError(f"{where}no tokenizer.ggml.tokens in the metadata")

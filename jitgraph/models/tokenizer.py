@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bpe import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens, fim_given,
-                  token_attrs)
+from .bpe import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens,
+                  check_metadata, fim_given, token_attrs)
 
 SPACE = "\u2581"          # SentencePiece's visible space, "▁"
 SPACE_BYTES = SPACE.encode("utf-8")
@@ -124,6 +124,7 @@ class Tokenizer:
         this SPM class for tokenizer.ggml.model = "llama", a jitgraph.models.bpe.BpeTokenizer
         for "gpt2". `source` (a file name) prefixes the errors."""
         where = f"{source}: " if source else ""
+        check_metadata(md, where)
         model = md.get(K_MODEL)
         if model == "gpt2":
             from .bpe import BpeTokenizer
