@@ -27,6 +27,7 @@ A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER, A_BYTE = 1, 2, 4, 8, 16, 32
 A_LSTRIP, A_RSTRIP = 128, 256
 _TYPE_ATTR = {1: A_NORMAL, 2: A_UNKNOWN, 3: A_CONTROL, 4: A_USER, 5: A_UNUSED, 6: A_BYTE}
 _WS = " \t\n\v\f\r"                        # C isspace: what LSTRIP / RSTRIP remove
+_NONE = 1 << 62                             # the rank of a pair no merge joins
 
 # texts llama.cpp's loader marks as control tokens whatever their type (end of generation)
 _EOG = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
@@ -386,19 +387,24 @@ class BpeTokenizer:
 
     def _merge(self, syms: list) -> list:
         """Merge adjacent symbols, lowest rank first, ties leftmost (llama.cpp's work queue
-        pops exactly that pair each time)."""
-        ranks = self._ranks
-        if len(syms) > 64:
+        pops exactly that pair each time). The pairs' ranks sit in a list (no rank: _NONE)
+        that each merge updates at its two new pairs only."""
+        if len(syms) > 512:
             return self._merge_long(syms)
-        while len(syms) > 1:
-            best, at = None, -1
-            for i in range(len(syms) - 1):
-                r = ranks.get((syms[i], syms[i + 1]))
-                if r is not None and (best is None or r < best):
-                    best, at = r, i
-            if at < 0:
+        ranks = self._ranks
+        pr = [ranks.get(pair, _NONE) for pair in zip(syms, syms[1:])]
+        while pr:
+            best = min(pr)
+            if best == _NONE:
                 break
-            syms[at:at + 2] = [syms[at] + syms[at + 1]]
+            at = pr.index(best)
+            m = syms[at] + syms[at + 1]
+            syms[at:at + 2] = [m]
+            del pr[at]
+            if at:
+                pr[at - 1] = ranks.get((syms[at - 1], m), _NONE)
+            if at < len(pr):
+                pr[at] = ranks.get((m, syms[at + 1]), _NONE)
         return syms
 
     def _merge_long(self, syms: list) -> list:

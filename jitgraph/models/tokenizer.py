@@ -56,6 +56,9 @@ def _f32(x) -> float:
     return float(np.float32(x))
 
 
+_NO_MERGE = float("inf")        # the priority of a pair that is no token
+
+
 @dataclass
 class Tokenizer:
     """A llama (SPM) vocabulary: token texts (str), scores and llama token types, one per id."""
@@ -106,6 +109,8 @@ class Tokenizer:
                 k = t.find(SPACE_BYTES, k + 1)
         self._before_space = before
         self._cache = {}
+        self._ids_str = {t.decode("utf-8", "surrogatepass"): i for t, i in self._ids.items()}
+        self._byte_ids = [None] * 256                # byte -> its fallback token (lazily)
 
     # ---- GGUF metadata ---------------------------------------------------------------------
     @classmethod
@@ -243,10 +248,51 @@ class Tokenizer:
             ids = cache.get(piece)
             if ids is None:
                 ids = []
-                self._spm(piece.encode("utf-8"), ids)
+                if len(piece) <= 512:
+                    self._spm_short(list(piece), self._ids_str, ids)
+                else:
+                    self._spm(piece.encode("utf-8"), ids)
                 if len(piece) <= 256:            # long pieces seldom repeat: not kept
                     cache[piece] = ids
             out.extend(ids)
+
+    def _spm_short(self, syms: list, ids: dict, out: list) -> None:
+        """_spm on a fragment's characters (str, or bytes with `ids` keyed by bytes) with the
+        pairs' priorities in a list (minus the merged token's score; no token: inf) that each
+        merge updates at its two new pairs only: the best pair is the list's minimum, ties
+        leftmost, as llama.cpp's queue pops them."""
+        scores = self.scores
+
+        def pri(a, b):
+            t = ids.get(a + b)
+            return _NO_MERGE if t is None else -scores[t]
+
+        pr = [pri(a, b) for a, b in zip(syms, syms[1:])]
+        while pr:
+            best = min(pr)
+            if best == _NO_MERGE:
+                break
+            at = pr.index(best)
+            m = syms[at] + syms[at + 1]
+            syms[at:at + 2] = [m]
+            del pr[at]
+            if at:
+                pr[at - 1] = pri(syms[at - 1], m)
+            if at < len(pr):
+                pr[at] = pri(m, syms[at + 1])
+        for sym in syms:                             # resegment: tokens, else byte fallback
+            tok = ids.get(sym)
+            if tok is not None:
+                out.append(tok)
+            else:
+                raw = sym.encode("utf-8", "surrogatepass") if isinstance(sym, str) else sym
+                out.extend(self._byte_token(b) for b in raw)
+
+    def _byte_token(self, b: int) -> int:
+        t = self._byte_ids[b]
+        if t is None:
+            t = self._byte_ids[b] = self.byte_to_token(b)
+        return t
 
     def _spm(self, text: bytes, out: list) -> None:
         """llm_tokenizer_spm_session::tokenize on an escaped fragment."""
@@ -256,6 +302,10 @@ class Tokenizer:
             pos += min(_utf8_len(text[pos]), len(text) - pos)
         n = len(starts)
         if n == 0:
+            return
+        if n <= 512:
+            syms = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+            self._spm_short(syms, self._ids, out)
             return
         sym_start = starts
         sym_len = [(starts[i + 1] if i + 1 < n else len(text)) - starts[i] for i in range(n)]
