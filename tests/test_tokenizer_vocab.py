@@ -27,7 +27,7 @@ def _qwen35(qwen2: bytes) -> bytes:
     return qwen2[:i + 4] + (6).to_bytes(8, "little") + b"qwen35" + qwen2[i + 17:]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vocab_dir(tmp_path_factory):
     """The committed vocabularies, decompressed into a temporary folder (qwen35 rebuilt from
     qwen2 and checked against the original file's SHA-256)."""

@@ -4,7 +4,7 @@ V3), Falcon, GPT-2, MPT, StarCoder, Command-R, SmolLM, Mistral's tekken and the 
 jitgraph.models.pre_regexes.PRE_TYPES (all of llama.cpp's byte-level ones but kimi-k2, afmoe,
 tiny_aya and cohere2moe, which it splits with code of its own).
 
-Encoding follows src/llama-vocab.cpp (llama_vocab::impl::tokenize, llm_tokenizer_bpe_session):
+Encoding follows src/llama-vocab.cpp (llama_vocab::impl::tokenize and the BPE tokenize loop):
   - special tokens are split out of the text first, longest first: user-defined ones always,
     control and unknown ones only with special=True (tokenizer_st_partition);
   - each remaining fragment is split into words (jitgraph.models.pretokenize), each word's UTF-8
@@ -366,7 +366,7 @@ class BpeTokenizer:
         return self._special.split(text, special)
 
     def _word(self, word: str) -> tuple:
-        """The token ids of one pre-tokenized word (llm_tokenizer_bpe_session::tokenize)."""
+        """The token ids of one pre-tokenized word (llama.cpp's BPE merge loop)."""
         s = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_TO_BYTE_CHARS)
         ids = self._ids
         if self.ignore_merges and s in ids:
