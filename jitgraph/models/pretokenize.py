@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from .pre_regexes import PRE_TYPES, REGEXES  # noqa: F401 (PRE_TYPES: read by bpe.py)
+from .pre_regexes import REGEXES
 from .unicode_classes import RUNS
 
 # the collapsed class characters (the code units llama.cpp's collapsed text uses)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bpe import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens,
-                  check_metadata, fim_given, token_attrs)
+from .special_tokens import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens,
+                             check_metadata, fim_given, token_attrs)
 
 SPACE = "\u2581"          # SentencePiece's visible space, "▁"
 SPACE_BYTES = SPACE.encode("utf-8")
