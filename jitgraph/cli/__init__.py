@@ -823,6 +823,10 @@ def parser():
     add_finetune(command("finetune", "finetune a llama GGUF model on a text: LoRA adapters on "
                                      "the frozen model, or every weight"))
 
+    from .tokenize import add_tokenize
+    add_tokenize(command("tokenize", "print the token ids of a text under a GGUF model's "
+                                     "tokenizer, as llama.cpp's llama-tokenize does"))
+
     sub.add_parser("bench", help="fused against unfused benchmark suite (see `jitgraph bench "
                                  "--help`)", add_help=False)
     return p

@@ -14,6 +14,10 @@ Decoding follows llama_token_to_piece: normal tokens with "\u2581" -> " ", byte 
 byte, control and unknown tokens as nothing (their text with special=True); the leading space that
 encoding added is removed again, so decode(encode(text)) == text whenever every character of
 `text` is covered by the vocabulary or by byte tokens.
+
+Token attributes (which tokens are special, phi-3's space stripping) are set as llama.cpp's loader
+sets them (jitgraph.models.bpe.token_attrs). load_tokenizer / Tokenizer.from_metadata give this
+class for "llama" vocabularies and jitgraph.models.bpe.BpeTokenizer for "gpt2" ones.
 """
 from __future__ import annotations
 
@@ -23,6 +27,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .special_tokens import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens,
+                             check_metadata, fim_given, token_attrs)
 
 SPACE = "\u2581"          # SentencePiece's visible space, "▁"
 SPACE_BYTES = SPACE.encode("utf-8")
@@ -49,6 +56,9 @@ def _f32(x) -> float:
     return float(np.float32(x))
 
 
+_NO_MERGE = float("inf")        # the priority of a pair that is no token
+
+
 @dataclass
 class Tokenizer:
     """A llama (SPM) vocabulary: token texts (str), scores and llama token types, one per id."""
@@ -62,6 +72,8 @@ class Tokenizer:
     add_bos: bool = True
     add_eos: bool = False
     add_space_prefix: bool = True
+    name: str | None = None                  # general.name (phi-3's special tokens strip spaces)
+    fim_ids: frozenset = frozenset()         # fill-in-the-middle kinds the metadata gives ids of
     _ids: dict = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -82,37 +94,52 @@ class Tokenizer:
         self._text = [(t or f"[EMPTY_{i}]").encode("utf-8", "surrogatepass")
                       for i, t in enumerate(self.tokens)]
         self._ids = {t: i for i, t in enumerate(self._text)}
-        self._special = sorted((i for i, t in enumerate(self.types)
-                                if t in (CONTROL, USER_DEFINED, UNKNOWN)),
-                               key=lambda i: -len(self._text[i]))
+        self.attrs = token_attrs({t: i for i, t in enumerate(self.tokens)}, self.types,
+                                 self.fim_ids, None, self.name)
+        self._special = SpecialTokens(self.tokens, self.attrs)
         self._pieces = [self._piece(i) for i in range(n)]
+        # the characters some token holds right before a "\u2581": text may be cut in front of
+        # any other "\u2581", since no merge can then join across the cut (see _spm_words)
+        before = set()
+        for t in self._text:
+            k = t.find(SPACE_BYTES, 1)
+            while k > 0:
+                c = t[:k].decode("utf-8", "replace")[-1:]
+                before.add(c)
+                k = t.find(SPACE_BYTES, k + 1)
+        self._before_space = before
+        self._cache = {}
+        self._ids_str = {t.decode("utf-8", "surrogatepass"): i for t, i in self._ids.items()}
+        self._byte_ids = [None] * 256                # byte -> its fallback token (lazily)
 
     # ---- GGUF metadata ---------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, path_or_reader) -> "Tokenizer":
-        """From a GGUF file (a path or a gguf.GGUFReader) with tokenizer.ggml.model = "llama"."""
-        import os
-
+    def from_gguf(cls, path_or_reader):
+        """From a GGUF file (a path or a gguf.GGUFReader): this SPM class for
+        tokenizer.ggml.model = "llama", jitgraph.models.bpe.BpeTokenizer for "gpt2"."""
         import gguf
         r = path_or_reader
-        if not isinstance(r, gguf.GGUFReader):
-            from ..formats.gguf import _header        # bounds-checks the header before gguf parses it
-            path = os.fspath(r)
-            with open(path, "rb") as f:
-                _header(f, path)
-            r = gguf.GGUFReader(path)
-        return cls.from_metadata({k: f.contents() for k, f in r.fields.items()})
+        if isinstance(r, gguf.GGUFReader):
+            return cls.from_metadata({k: f.contents() for k, f in r.fields.items()})
+        return load_tokenizer(r)
 
     @classmethod
-    def from_metadata(cls, md: dict) -> "Tokenizer":
-        """From a {key: value} dict of GGUF metadata (as gguf's ReaderField.contents() gives)."""
+    def from_metadata(cls, md: dict, source: str = ""):
+        """From a {key: value} dict of GGUF metadata (as gguf's ReaderField.contents() gives):
+        this SPM class for tokenizer.ggml.model = "llama", a jitgraph.models.bpe.BpeTokenizer
+        for "gpt2". `source` (a file name) prefixes the errors."""
+        where = f"{source}: " if source else ""
+        check_metadata(md, where)
         model = md.get(K_MODEL)
+        if model == "gpt2":
+            from .bpe import BpeTokenizer
+            return BpeTokenizer.from_metadata(md, source)
         if model != "llama":
-            raise ValueError(f"tokenizer: {K_MODEL} is {model!r}; only the SPM vocabulary "
-                             f"(\"llama\") is supported")
+            raise ValueError(f"{where}tokenizer model {model!r} ({K_MODEL}) is not supported: "
+                             f"jitgraph reads \"llama\" (SPM) and \"gpt2\" (BPE)")
         tokens = md.get(K_TOKENS)
         if not tokens:
-            raise ValueError(f"tokenizer: no {K_TOKENS} in the metadata")
+            raise ValueError(f"{where}tokenizer: no {K_TOKENS} in the metadata")
         n = len(tokens)
         scores = md.get(K_SCORES)
         types = md.get(K_TYPES)
@@ -126,7 +153,8 @@ class Tokenizer:
                    bos_id=tid(K_BOS, 1), eos_id=tid(K_EOS, 2), unk_id=tid(K_UNK, 0),
                    pad_id=tid(K_PAD, None), add_bos=bool(md.get(K_ADD_BOS, True)),
                    add_eos=bool(md.get(K_ADD_EOS, False)),
-                   add_space_prefix=bool(md.get(K_ADD_SPACE, True)))
+                   add_space_prefix=bool(md.get(K_ADD_SPACE, True)),
+                   name=md.get("general.name"), fim_ids=fim_given(md))
 
     def write_gguf(self, writer) -> None:
         """Add this vocabulary's metadata to a gguf.GGUFWriter (before its header is written)."""
@@ -184,7 +212,7 @@ class Tokenizer:
                 continue
             if self.add_space_prefix and prev_special:
                 frag = b" " + frag
-            self._spm(frag.replace(b" ", SPACE_BYTES), out)
+            self._spm_words(frag.replace(b" ", SPACE_BYTES), out)
             prev_special = False
         if (eos or (bos and self.add_eos)) and self.eos_id is not None:
             out.append(self.eos_id)
@@ -193,24 +221,78 @@ class Tokenizer:
     def _partition(self, raw: bytes, special: bool):
         """llama.cpp's tokenizer_st_partition: split out special tokens (str fragments stay
         bytes, special tokens become ints)."""
-        frags = [raw] if raw else []
-        for sid in self._special:
-            if not special and self.types[sid] in (CONTROL, UNKNOWN):
-                continue
-            tok = self._text[sid]
-            new = []
-            for frag in frags:
-                if isinstance(frag, int) or tok not in frag:
-                    new.append(frag)
-                    continue
-                parts = frag.split(tok)
-                for j, part in enumerate(parts):
-                    if j:
-                        new.append(sid)
-                    if part:
-                        new.append(part)
-            frags = new
-        return frags
+        return self._special.split(raw, special)
+
+    def _spm_words(self, text: bytes, out: list) -> None:
+        """_spm on the pieces of `text` cut in front of each "\u2581" that no token holds after
+        the character before it (merges never cross such a cut, and each piece's merges come
+        in the same order alone), each piece's ids cached."""
+        try:
+            s = text.decode("utf-8")
+        except UnicodeDecodeError:              # a broken character could span a cut
+            self._spm(text, out)
+            return
+        parts = s.split(SPACE)
+        before, cache = self._before_space, self._cache
+        if len(cache) > 1 << 20:
+            cache.clear()
+        pieces, cur = [], parts[0]
+        for p in parts[1:]:
+            if cur and cur[-1] in before:
+                cur += SPACE + p
+            else:
+                pieces.append(cur)
+                cur = SPACE + p
+        pieces.append(cur)
+        for piece in pieces:
+            ids = cache.get(piece)
+            if ids is None:
+                ids = []
+                if len(piece) <= 512:
+                    self._spm_short(list(piece), self._ids_str, ids)
+                else:
+                    self._spm(piece.encode("utf-8"), ids)
+                if len(piece) <= 256:            # long pieces seldom repeat: not kept
+                    cache[piece] = ids
+            out.extend(ids)
+
+    def _spm_short(self, syms: list, ids: dict, out: list) -> None:
+        """_spm on a fragment's characters (str, or bytes with `ids` keyed by bytes) with the
+        pairs' priorities in a list (minus the merged token's score; no token: inf) that each
+        merge updates at its two new pairs only: the best pair is the list's minimum, ties
+        leftmost, as llama.cpp's queue pops them."""
+        scores = self.scores
+
+        def pri(a, b):
+            t = ids.get(a + b)
+            return _NO_MERGE if t is None else -scores[t]
+
+        pr = [pri(a, b) for a, b in zip(syms, syms[1:])]
+        while pr:
+            best = min(pr)
+            if best == _NO_MERGE:
+                break
+            at = pr.index(best)
+            m = syms[at] + syms[at + 1]
+            syms[at:at + 2] = [m]
+            del pr[at]
+            if at:
+                pr[at - 1] = pri(syms[at - 1], m)
+            if at < len(pr):
+                pr[at] = pri(m, syms[at + 1])
+        for sym in syms:                             # resegment: tokens, else byte fallback
+            tok = ids.get(sym)
+            if tok is not None:
+                out.append(tok)
+            else:
+                raw = sym.encode("utf-8", "surrogatepass") if isinstance(sym, str) else sym
+                out.extend(self._byte_token(b) for b in raw)
+
+    def _byte_token(self, b: int) -> int:
+        t = self._byte_ids[b]
+        if t is None:
+            t = self._byte_ids[b] = self.byte_to_token(b)
+        return t
 
     def _spm(self, text: bytes, out: list) -> None:
         """llm_tokenizer_spm_session::tokenize on an escaped fragment."""
@@ -220,6 +302,10 @@ class Tokenizer:
             pos += min(_utf8_len(text[pos]), len(text) - pos)
         n = len(starts)
         if n == 0:
+            return
+        if n <= 512:
+            syms = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+            self._spm_short(syms, self._ids, out)
             return
         sym_start = starts
         sym_len = [(starts[i + 1] if i + 1 < n else len(text)) - starts[i] for i in range(n)]
@@ -262,14 +348,14 @@ class Tokenizer:
 
     # ---- decoding --------------------------------------------------------------------------
     def _piece(self, i: int) -> bytes:
-        t = self.types[i]
-        if t in (CONTROL, UNKNOWN, USER_DEFINED):
+        a = self.attrs[i]
+        if a & (A_CONTROL | A_UNKNOWN | A_USER):
             return self._text[i]
-        if t == BYTE:
+        if a & A_NORMAL:
+            return self._text[i].replace(SPACE_BYTES, b" ")
+        if a & A_BYTE:
             m = _BYTE_TOKEN.fullmatch(self._text[i])
             return bytes([int(m.group(1), 16)]) if m else b""
-        if t == NORMAL:
-            return self._text[i].replace(SPACE_BYTES, b" ")
         return b""                                   # unused / undefined: nothing (as llama.cpp)
 
     def token_to_piece(self, i: int, special: bool = False) -> bytes:
@@ -277,7 +363,7 @@ class Tokenizer:
         unless special)."""
         if not 0 <= int(i) < len(self.tokens):
             raise IndexError(f"tokenizer: token id {i} out of range [0, {len(self.tokens)})")
-        if not special and self.types[i] in (CONTROL, UNKNOWN):
+        if not special and self.attrs[i] & (A_CONTROL | A_UNKNOWN):
             return b""
         return self._pieces[i]
 
@@ -302,6 +388,20 @@ class Tokenizer:
         """Text of `ids` (see decode_bytes); byte tokens that do not form UTF-8 become U+FFFD
         (errors="replace", or as `errors` says)."""
         return self.decode_bytes(ids, special).decode("utf-8", errors)
+
+
+def load_tokenizer(path):
+    """The tokenizer of the GGUF file at `path` (a model or a vocabulary-only file): Tokenizer
+    (SPM) or jitgraph.models.bpe.BpeTokenizer, as its tokenizer.ggml.model says. Errors name
+    the file."""
+    import os
+
+    from ..formats.gguf_metadata import read_metadata
+    path = os.fspath(path)
+    md = read_metadata(path, ("tokenizer.", "general.name"))
+    if K_MODEL not in md:
+        raise ValueError(f"{path}: no tokenizer in the metadata ({K_MODEL} is missing)")
+    return Tokenizer.from_metadata(md, source=path)
 
 
 # ---- vocabularies for models trained from scratch --------------------------------------------
