@@ -295,15 +295,18 @@ def test_export_keeps_a_bpe_vocabulary(tmp_path, name):
     assert a.keys() == b.keys() and all(a[k][0] == b[k][0] for k in a)
 
 
-def test_phi3_from_text_as_llama_cpp(tmp_path, capsys):
-    """phi3's vocabulary is SentencePiece: jitgraph tokenizes the passage as llama.cpp did, and
-    `jitgraph generate` from the prompt's text continues as llama.cpp's greedy decoding."""
-    ref = json.load(open(DATA / "arch" / "phi3-reference.json"))
-    _, _, tok = read_llama(_path("phi3"))
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "phi3"])
+def test_from_text_as_llama_cpp(tmp_path, capsys, name):
+    """Each test model's vocabulary (llama-bpe and qwen2: BPE; phi-3: SPM) tokenizes the passage
+    as llama.cpp did, and `jitgraph generate` from the prompt's text continues as llama.cpp's
+    greedy decoding."""
+    ref = json.load(open(DATA / "arch" / f"{name}-reference.json"))
+    _, _, tok = read_llama(_path(name))
     assert tok.encode(ref["text"], bos=tok.add_bos) == ref["text_ids"]
     g = ref["greedy"][0]
-    prompt = tok.decode(g["prompt_ids"][1:])                 # "First C", BOS added back
-    assert cli.main(["generate", str(_path("phi3")), "--prompt", prompt, "-n", str(len(g["ids"])),
+    prompt = tok.decode(g["prompt_ids"][1:] if ref["add_bos"] else g["prompt_ids"])
+    assert tok.encode(prompt, bos=tok.add_bos) == g["prompt_ids"]
+    assert cli.main(["generate", str(_path(name)), "--prompt", prompt, "-n", str(len(g["ids"])),
                      "--temp", "0", "--ignore-eos", "--ctx", "64", "--quiet", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["tokens"] == len(g["ids"]) and out["text"] == tok.decode(g["ids"])

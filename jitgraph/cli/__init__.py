@@ -456,8 +456,8 @@ def _generate(args):
     apply_threads(args)
     cfg, params, tok = read_llama(args.model_file)
     if tok is None:
-        raise ValueError(f"{args.model_file}: the model has no llama (SentencePiece) tokenizer "
-                         f"in its metadata")
+        raise ValueError(f"{args.model_file}: the model has no tokenizer in its metadata (SPM "
+                         f"or BPE: tokenizer.ggml.model llama or gpt2)")
     ctx = args.ctx if args.ctx is not None else min(512, cfg.ctx)
     if ctx > cfg.ctx:
         raise ValueError(f"--ctx {ctx} exceeds the model's context length {cfg.ctx} "

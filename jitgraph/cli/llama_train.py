@@ -283,7 +283,7 @@ def load_llama_checkpoint(path):
     from ..errors import ModelFormatError
     from ..formats.gguf import _header
     from ..models.llama import LlamaConfig
-    from ..models.tokenizer import Tokenizer
+    from ..models.tokenizer import TOKENIZERS, Tokenizer
     path = os.fspath(path)
     with open(path, "rb") as f:
         _header(f, path)                  # every count and extent bounded by the file's size
@@ -312,7 +312,7 @@ def load_llama_checkpoint(path):
                 if not t.name.endswith((".lora_a", ".lora_b")):
                     ne[t.name] = [int(n) for n in t.shape]
         cfg = LlamaConfig.from_metadata(md, ne)
-        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") == "llama" else None
+        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") in TOKENIZERS else None
     except (ValueError, TypeError, KeyError) as e:
         raise ModelFormatError(f"{path}: {e}") from None
     return cfg, tok, params, state, meta
@@ -810,8 +810,9 @@ def _finetune(args, world):
         raise ValueError("--lora-alpha applies to --lora-rank, not --full")
     cfg, base, tok = read_llama(args.base)
     if tok is None:
-        raise ValueError(f"{args.base}: the model has no llama (SentencePiece) tokenizer in its "
-                         f"metadata; finetune needs it to tokenize the text")
+        raise ValueError(f"{args.base}: the model has no tokenizer in its metadata (SPM or BPE: "
+                         f"tokenizer.ggml.model llama or gpt2); finetune needs it to tokenize "
+                         f"the text")
     if args.ctx > cfg.ctx:
         raise ValueError(f"--ctx {args.ctx} exceeds the model's context length {cfg.ctx}")
     with open(args.base, "rb") as f:

@@ -378,8 +378,9 @@ def _not_a_model(md: dict) -> None:
 
 def read_llama(path):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
-    llama.cpp GGUF model of an architecture of jitgraph/models/arch.py (the Tokenizer: for a
-    SentencePiece vocabulary, tokenizer.ggml.model = llama). The header is bounds-checked first, then the metadata's types and the
+    llama.cpp GGUF model of an architecture of jitgraph/models/arch.py (the tokenizer: SPM for
+    tokenizer.ggml.model = llama, BPE for gpt2; None without one). The header is bounds-checked
+    first, then the metadata's types and the
     vocabulary against token_embd (models/llama_checks.py), before any tensor data is read (a
     malformed file raises jitgraph.ModelFormatError naming it)."""
     import gguf
@@ -387,7 +388,7 @@ def read_llama(path):
     from ..formats.gguf import _header
     from ..errors import ModelFormatError
     from .llama_checks import check_metadata_types, check_vocabulary
-    from .tokenizer import Tokenizer
+    from .tokenizer import TOKENIZERS, Tokenizer
     path = os.fspath(path)
     with open(path, "rb") as f:
         kv, _, _ = _header(f, path)           # every count and extent checked against the size
@@ -417,7 +418,7 @@ def read_llama(path):
                 raise ValueError(f"tensor {t.name} has shape {a.shape} (numpy order), the config "
                                  f"says {want[t.name]}")
             params[t.name] = a
-        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") == "llama" else None
+        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") in TOKENIZERS else None
     except (ValueError, TypeError, ShapeError) as e:
         raise ModelFormatError(f"{path}: {e}") from None
     return cfg, params, tok

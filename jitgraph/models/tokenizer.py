@@ -39,6 +39,7 @@ UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = range(7)
 _BYTE_TOKEN = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
 
 # GGUF metadata keys
+TOKENIZERS = ("llama", "gpt2")   # the tokenizer.ggml.model values jitgraph reads: SPM, BPE
 K_MODEL, K_TOKENS, K_SCORES, K_TYPES = ("tokenizer.ggml.model", "tokenizer.ggml.tokens",
                                         "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 K_BOS, K_EOS, K_UNK, K_PAD = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
