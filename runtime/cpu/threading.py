@@ -10,8 +10,7 @@ calls `configure()` first). Every setting respects a value the user already expo
   OMP_WAIT_POLICY        left to libgomp (its threads spin a moment after each parallel
                          region, then sleep): numba's pool is the only pool a step uses, as
                          OpenBLAS runs on one thread in every jitgraph call and big GEMMs are
-                         split over numba's threads (blas.py). PASSIVE, the earlier default
-                         (kept while OpenBLAS had threads of its own to starve), made each
+                         split over numba's threads (blas.py). PASSIVE would make each
                          parallel launch wake a sleeping thread; a user's PASSIVE is still
                          respected.
   OPENBLAS_THREAD_TIMEOUT default "4": OpenBLAS's threads spin for 2**N cycles after each GEMM
