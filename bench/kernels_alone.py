@@ -5,7 +5,7 @@ Each kernel is called directly on random data of stories260K's and the width-128
 (attention, rope, get_rows), or stepped in a one-op program (cross-entropy loss and gradient over
 [2048, 512] with SGD, lr 0). Timed with the thread's CPU time, the minimum of 30 calls after one
 untimed: on a busy shared machine that is the kernel's own cost. The figures of bench/README.md
-("Session 7") come from this script.
+("2026-12-02, after midnight (commit 131ecc9)") come from this script.
 """
 import os
 import sys

@@ -1,5 +1,5 @@
 """Two builds of the stories260K finetuning step stepped alternately in one process (bench/
-README.md "Session 16"): `python bench/paired_builds.py windows|bt-copies [--lora] [--pairs N]`.
+README.md "2026-12-03, late morning (commit eafc842)"): `python bench/paired_builds.py windows|bt-copies [--lora] [--pairs N]`.
 
   windows     contiguous slices as views (passes/views.py) against slice copies (the CPU
               backend's kinds without "window")

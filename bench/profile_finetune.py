@@ -34,9 +34,8 @@ def build(path, full):
     if not full:
         g = jg.lora(g, "q,k,v,o", rank=RANK)
     # the program as it trains (memory planned, kernels scheduled): replayed in step order its
-    # kernels read what the step would (until session 16 this profiled plan_memory=False, whose
-    # unscheduled order ran every weight gradient at the end on cold activations: [172, 64]
-    # dW + AdamW 310-420 us a kernel against 210-220 in the planned step)
+    # kernels read what the step would (plan_memory=False's unscheduled order would run every
+    # weight gradient at the end, on cold activations)
     prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-3, weight_decay=0.0),
                       seed=0, copy_outputs=False)
     for k, v in params.items():

@@ -2,8 +2,8 @@
 
 attention (jitgraph/ops/attention.py) stores nothing: its backward, attention_back, recomputes
 the scores q k^T and their exps from q and k (flash attention's trade, memory for a second
-pass). With small heads that second pass is most of the backward: stories260K (head_dim 8,
-batch 16 x 128) spent 38 % of each attention_back there. So after autodiff, an attention whose
+pass). With small heads that second pass is most of the backward (stories260K, head_dim 8).
+So after autodiff, an attention whose
 output feeds an attention_back of the same operands becomes
     stored = attention_store(q, k, v)           out and the probabilities, one flat buffer
     out    = reshape(slice(stored, 0..B S H D))
@@ -12,13 +12,9 @@ when its heads are small (head_dim <= STORE_MAX_HEAD_DIM: the recompute costs 2 
 FLOPs and an exp per score, storing 8 bytes of traffic per score; at head_dim 64 the recompute
 is an efficient GEMM and storing only costs memory) and its probabilities take at most
 STORE_MAX_BYTES (B H probs_size(S) elements: they grow with the square of the sequence, where
-recomputing is the only choice). Measured on a 2-core Zen 4, both programs in one process
-stepping alternately (150 pairs; the median of each pair's ratio, which the shared host's
-drifts cancel out of): stories260K full finetuning (head_dim 8) 0.946x the time (arena 58.2
--> 87.4 MB), LoRA 0.957x; the kernels alone over its 5 layers, per layer on two threads
-(bench/attention_store.py): forward 0.99 -> 1.16 ms (the exps now go to memory), backward 1.71
--> 1.27; llama_train (head_dim 32) 78.6 -> 75.1 ms in rounds of 10 steps; transformer_block
-(head_dim 64) 46.8 -> 46.2, within noise, so left recomputing. The checkpoint pass may still
+recomputing is the only choice). Storing was faster at head_dim 8 and 32 and within noise at
+64 (bench/attention_store.py; bench/README.md: "Figures behind the code", attention's kept
+probabilities). The checkpoint pass may still
 drop `stored` and recompute it in the backward. A backend lowers the pair only when its
 `kinds` name "attention_store" (runtime/backend.py); otherwise, and in forward-only graphs,
 nothing changes. The forward's output is attention's, bit for bit; the gradients change by

@@ -287,7 +287,7 @@ class _Forward:
         """Segment counts from half to twice sqrt(activation bytes / typical cut bytes) (Chen et
         al. 2016): the arena does not follow the count smoothly (deep_mlp, 16 relu layers whose
         backward reads only their outputs: 2-10 segments plan 54.6 / 50.4 / 46.2 / 46.2 / 42.0
-        / 46.2 ... MB, sqrt(n) being 4), and a plan is cheap to evaluate (~20 ms there)."""
+        / 46.2 ... MB, sqrt(n) being 4), and a plan is cheap to evaluate."""
         if not self.cuts:
             return [1]
         total = sum(self.g.nodes[i].type.nbytes for i in self.acts)

@@ -91,7 +91,7 @@ class CPU:
         from .cpu.threading import configure
         configure()           # before numba starts its thread pool
         from .cpu.pointers import address
-        self.address = address      # a numba function: ~0.2 us a call (every input, every step)
+        self.address = address      # a numba function, cheaper than ctypes (every input, step)
         from .cpu.blas import adapt
         self.before_step = adapt    # the Program calls it before each step: the one-thread
                                     # bound of small GEMMs follows the machine's load
@@ -162,8 +162,9 @@ def _build_driver(gen, fresh=False):
 class Driver:
     """A program's driver (runtime/cpu/codegen.py: LLVM IR calling the kernels' registered
     symbols) compiled by llvmlite's MCJIT at optimisation level 0: straight-line calls need no
-    optimisation, and the compile takes ~0.1 s even for 635 calls (numba's
-    typing and optimisation of one @njit driver took ~40 ms per kernel call).
+    optimisation, so the compile stays short however many calls (numba's typing and
+    optimisation of one @njit driver grew with every kernel call; bench/README.md: "Figures
+    behind the code", the driver).
     `function()` is what runs a step, `driver(arena, persist, io[, phase])`: the three arrays'
     addresses are stored into the module's `ctx` cell when other arrays than the last ones are
     passed (a Program's never move; they are held so their addresses stay valid), then
@@ -191,15 +192,15 @@ class Driver:
             raise RuntimeError(f"driver {name}: no code after compiling its LLVM IR")
         self.name, self.phases = name, phases
         # no argtypes: the phase, a Python int, passes as a C int (the thunk's i32), the
-        # cheapest ctypes call there is (argtypes add ~0.1 us)
+        # cheapest ctypes call there is (argtypes add a conversion per call)
         self._run = ctypes.CFUNCTYPE(None)(run)
         self._ctx = (ctypes.c_int64 * 3).from_address(ctx)
         self._held = [None, None, None]
         self.seconds = time.perf_counter() - t0
 
     def function(self):
-        """The step function: a plain function, not a bound method (whose call costs ~0.5 us
-        more, every step)."""
+        """The step function: a plain function, not a bound method (whose call costs more,
+        every step)."""
         run, bind, held = self._run, self._bind, self._held
 
         def driver(arena, persist, io, phase=0):

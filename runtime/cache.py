@@ -12,7 +12,7 @@ ignores options). Files are compiled with numba `cache=True`, whose machine code
 Each file's first line is a checksum of the rest: a truncated or edited file is detected and
 rewritten, and its numba cache files are dropped. Layout: $JITGRAPH_CACHE_DIR (default
 ~/.cache/jitgraph) / v<format> / k_<hash>.py (kernels) and d_<hash>.ll (drivers: LLVM IR that
-llvmlite compiles in each process, in ~0.1 s; runtime/backend.Driver). When that
+llvmlite compiles in each process, quickly; runtime/backend.Driver). When that
 directory cannot be created or written, one RuntimeWarning says so and the process compiles
 into a private temporary cache (removed at exit) instead.
 
@@ -217,13 +217,14 @@ def _call_progress(done, total):
 
 
 # ---- compiling kernel modules in helper processes --------------------------------------------
-# numba compiles one module at a time, on one core: a cold llama training program (41 modules)
-# spent ~15 s there on a 2-core machine whose second core sat idle. With JITGRAPH_COMPILE_WORKERS
-# helper processes (default: one per core beyond the first, at most 3; 0: none) the modules not
-# yet in numba's cache are a work queue: this process and each helper take the next module no
-# one has claimed (a file created with O_EXCL in a private directory) and import it, which
-# compiles it into numba's disk cache; then this process loads the helpers' modules from that
-# cache. A helper that fails or hangs costs time only: what it left is compiled here.
+# numba compiles one module at a time, on one core, so a cold compile of many modules leaves the
+# other cores idle (bench/README.md: "Figures behind the code", compile). With
+# JITGRAPH_COMPILE_WORKERS helper processes (default: one per core beyond the first, at most 3; 0:
+# none) the modules not yet in numba's cache are a work queue: this process and each helper take
+# the next module no one has claimed (a file created with O_EXCL in a private directory) and
+# import it, which compiles it into numba's disk cache; then this process loads the helpers'
+# modules from that cache. A helper that fails or hangs costs time only: what it left is compiled
+# here.
 MIN_PARALLEL_MODULES = 4
 HELPER_TIMEOUT = 900.0      # seconds this process waits for the helpers once the queue is empty
 

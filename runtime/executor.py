@@ -127,8 +127,8 @@ def _readonly(a):
 class Program:
     """A compiled graph. `step(**inputs)` runs it once (a training step when compiled with an
     optimizer) and returns its outputs as fresh numpy arrays, or with `copy_outputs=False` as
-    read-only views of its buffers that the next step overwrites (copying a 16 MB output cost
-    0.8 ms, as much as a fused softmax over it); `step_into(out, **inputs)` writes the outputs
+    read-only views of its buffers that the next step overwrites (a copy of a large output can
+    cost as much as a fused kernel over it); `step_into(out, **inputs)` writes the outputs
     named in `out` into the caller's arrays.
 
     Calling convention (the driver's `io` table, runtime/backend.py): an input that is a
@@ -158,7 +158,7 @@ class Program:
         # (the defaults of the io table); an input lying in it is copied first. A buffer of a
         # page or more starts on a page: a kernel streaming from a caller's array (numpy's
         # large arrays start 16 B into a page) into it then never stores a little ahead of its
-        # loads modulo 4 KiB (4K aliasing stalled tanh over 4M floats by ~25 %).
+        # loads modulo 4 KiB (4K aliasing, which stalls such streaming loops).
         arena = _align(plan.arena_bytes + products.module.workspace_bytes)
         at = {}
         for s in plan.outputs.values():

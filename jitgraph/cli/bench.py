@@ -17,8 +17,8 @@ A fused step slower than its unfused one (a ratio below 1.00x as printed) is fla
 the ratio, a `FUSED SLOWER` line): fusion must never lose. "best" is the ratio of the fastest
 steps (unfused min / fused min): a loss in the median that the best steps do not show is marked
 `?` instead, with its own line — on a shared host a neighbour's burst of memory traffic slows
-the memory-bound kernels 3-6x for seconds at a time (the MNIST CNN's add+relu kernel ran 73 us
-and 442 us in two processes a minute apart), and such a burst can land on either program's
+the memory-bound kernels several times over for seconds at a time (bench/README.md: "Figures
+behind the code", jitgraph bench), and such a burst can land on either program's
 turns. `--roofline` times each kernel of
 the fused step instead and sets it against the machine's peaks (jitgraph/cli/roofline.py).
 
@@ -60,12 +60,11 @@ def time_steps(progs, feeds, repeat, warmup=2, block=BLOCK, min_seconds=0.0, fee
     The programs take turns, so a change of load on the machine hits all alike; each turn is
     one untimed step, then up to `block` timed ones (block=1: step by step, none untimed).
     Turns go on past `repeat` timed steps until each program has `min_seconds` of them (at
-    most MAX_TURNS * repeat steps): ten 3 ms steps are 30 ms, less than one burst of another
-    process, and the MNIST CNN's fused/unfused ratio read 0.98x-1.03x from run to run. A
+    most MAX_TURNS * repeat steps): a few short steps last less than one burst of another
+    process, and a ratio read from them wanders from run to run. A
     training loop runs one program over and over, with its own data in the caches: the first
-    step after another program ran finds the caches full of that program's data instead (on
-    the 16 MB workloads, layer_norm_op's fused step took 0.63 ms in a loop of its own and
-    0.94 ms taking turns step by step, its unfused step 0.90 and 1.00 ms).
+    step after another program ran finds the caches full of that program's data instead
+    (bench/README.md: "Figures behind the code", jitgraph bench).
     `feeds_of[i]`, when given, replaces `feeds` for program i; only the first `min_for`
     programs (default all) must reach `min_seconds` (the GEMM programs that take turns with a
     workload's steps are short: they run as many turns as the steps, no more)."""
@@ -169,7 +168,7 @@ def gemm_programs(graph) -> tuple:
     is, so no fused program runs faster than this, and unfused / this bounds the ratio fusion
     can reach (`ratio_bound`). run_suite times these programs in turns with the workload's
     steps, so a change of load on the machine hits both alike (timed on their own after the
-    steps, the MNIST MLP's step / GEMMs read 0.95x-1.31x from run to run)."""
+    steps, their ratio to the step wandered from run to run)."""
     import jitgraph as jg
     from jitgraph import init
     progs, counts = {}, {}

@@ -210,7 +210,7 @@ class Generator:
     cache's capacity in tokens (default: min(512, the model's context length)). chunk: prompt
     tokens per prefill call (1: no prefill program, the prompt runs through decode steps); 16
     keeps stories260K's GEMMs under OpenBLAS's threading threshold (m n k < 2^18), where waking
-    its threads for 32-row GEMMs made a prompt chunk 20x slower on the 2-core machine.
+    its threads for 32-row GEMMs cost far more than the GEMMs.
     kv_f16: llama.cpp's F16 KV cache rounding (see llama_forward). warmup: run each program
     once at construction (first calls are slow), leaving the cache empty. lora: a LoRA adapter
     applied unmerged (its GGUF path or (adapter params, alpha), jitgraph.models.lora), scaled

@@ -32,9 +32,9 @@ one function inlines the same v* name twice; the f* / d* names inline without it
 
 Underflow: results below the smallest normal are gradual (correctly scaled subnormals, one
 rounding), not flushed to 0: exp scales by 2^n (_ldexp) with llvm.ldexp where numba compiles
-for AVX-512 (one vscalefps / vscalefpd a vector; float32 exp over 4M elements 1.52 -> 0.96 ms
-on one Zen 4 thread, float64 3.48 -> 2.97, sigmoid / silu / softplus ~10 % faster), elsewhere
-in two exact power-of-two steps; both give the same bits (tests/test_approx.py compiles both).
+for AVX-512 (one vscalefps / vscalefpd a vector, faster; bench/README.md: "Figures behind the
+code", approx), elsewhere in two exact power-of-two steps; both give the same bits
+(tests/test_approx.py compiles both).
 This keeps every function within its ulp bound measured in the subnormal spacing too (flushing
 exp(-88) to 0 would be 2^23 ulps off under that rule, although only 1.2e-38 absolute).
 Overflow: exp(x > 88.72) = inf (f32), exp(x > 709.78) = inf (f64); exp(-inf) = 0; NaN -> NaN.
@@ -163,8 +163,8 @@ _NATIVE_LDEXP = native_ldexp()
 @intrinsic
 def _ldexp(typingctx, y, nf):
     """y * 2^n for the integer n held in float nf, one rounding: gradual underflow, overflow to
-    inf. With AVX-512, llvm.ldexp (vscalef: the exp loop over 4M float32 ran 2.20 -> 1.00 ms on
-    one Zen 4 thread, bit for bit the same results); elsewhere two exact power-of-two steps and
+    inf. With AVX-512, llvm.ldexp (vscalef: one instruction, bit for bit the same results);
+    elsewhere two exact power-of-two steps and
     one rounding, n in [-252, 254] (f32) / [-2044, 2046] (f64)."""
     t = _float_sig(y, nf)
     if t is None:
@@ -641,8 +641,8 @@ def fsilu_back(x, g):
     xc = _clamp(xd, -200.0, 200.0)                # beyond: 0 (or g) in float32, for any
     #                                               float32 g (|g x| e^x < 2^-150 below -200)
     # e = e^-|x| >= e^-200 is a normal float64, so sigmoid and 1 - sigmoid are e / (1 + e) and
-    # 1 / (1 + e) directly (no exponent carried apart: _dsig_pair_fast's form ran 1.4x slower,
-    # 691 -> 486 us over 352k elements on one Zen 4 thread, the same bits on test_approx's inputs)
+    # 1 / (1 + e) directly (no exponent carried apart as _dsig_pair_fast does, which is slower;
+    # the same bits on test_approx's inputs)
     p, _, nf = _dexp_parts(-abs(xc))
     e = _ldexp(p, nf)
     r0 = 1.0 / _add(1.0, e)

@@ -8,10 +8,8 @@ allocates nothing.
 
 Which BLAS (`BACKEND`, override with JITGRAPH_BLAS=numpy|scipy):
   numpy  the OpenBLAS numpy's wheels bundle (scipy-openblas64, 64-bit integers), when numpy has
-         one. The default: it is a newer OpenBLAS than scipy's (0.3.31 against scipy 1.17's
-         0.3.30 here) and faster on every GEMM of the MNIST MLP step: batch 1000, 2-core Zen 4,
-         GEMMs alone 7.79 against 8.51 ms (784x1000x500 with A transposed 3.84 against 4.10 ms,
-         1000x10x500 with B transposed 0.077 against 0.157 ms); batch 100 0.85 against 0.97 ms.
+         one. The default: a newer OpenBLAS than scipy's, faster on every GEMM of the MNIST MLP
+         step (bench/README.md: "Figures behind the code", BLAS).
   scipy  scipy's cython_blas (32-bit integers), the fallback, through a small adapter.
 Generated code calls one symbol per precision, `jitgraph_sgemm64` / `jitgraph_dgemm64`, with
 64-bit integers, bound to the chosen library's address when this module loads: cached machine
@@ -92,8 +90,8 @@ def _choose():
 def _thread_settings(lib):
     """Apply jitgraph's OpenBLAS thread settings (runtime/cpu/threading.py) to numpy's OpenBLAS,
     which read its environment when numpy was imported, possibly before jitgraph set it: a
-    thread timeout it missed (threads spinning 2**28 cycles after each GEMM made a whole MLP step
-    2.3x slower) is read again and takes effect when the threads restart
+    thread timeout it missed (threads spinning 2**28 cycles after each GEMM slow the kernels
+    that follow) is read again and takes effect when the threads restart
     (blas_thread_shutdown_, what OpenBLAS itself runs before every fork); JITGRAPH_NUM_THREADS
     sets the thread count."""
     want = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "")
@@ -176,63 +174,20 @@ def _setting(symbol, value):
 
 
 # ---- one thread pool: OpenBLAS always on one thread, big GEMMs in bands over numba's pool --------
-# OpenBLAS's own threads sleep between GEMMs (OPENBLAS_THREAD_TIMEOUT), as numba's OpenMP
-# threads did under OMP_WAIT_POLICY=PASSIVE, and on these VMs waking a sleeping thread costs
-# 25-60 us (a prange over two threads with nothing to do: 58 us passive, 1.7 us spinning), so
-# every split GEMM and every parallel kernel of a step paid it. Two pools that spin starve each
-# other (a GEMM after a prange kernel ran 3x slower). So there is one pool: numba's, whose
-# threads spin a moment after each parallel region (libgomp's default policy) and then sleep,
-# and OpenBLAS runs on one thread in every call jitgraph makes (its thread count set to 1 around
-# the call and restored: two stores). A GEMM above the one-thread bound is cut into one band of
-# c's rows per pool thread (_bands), each band in small-kernel tiles where they pay. Against
-# OpenBLAS's two threads (2-core Zen 4, back to back, us): [2048,64] k 64 135 -> 83, [2048,64]
-# k 172 265 -> 215, [2048,172] k 64 300 -> 253, [1000,10] k 500 152 -> 79, MNIST's [1000,500]
-# k 784 4553 -> 4072; the stories260K LoRA step, five runs each in turns: median 48.1 -> 40.9
-# ms, its CPU time over wall time 1.66 -> 1.99.
-# Small GEMMs stay on the calling thread: on a busy machine a band must wait for its thread to
-# be scheduled before the GEMM returns, and that wait dominates: measured on the shared 2-core
-# host under load (load average ~4) with OpenBLAS's own threads, a 64x64 (k 2048) weight
-# gradient took 0.2 ms on one thread, 12 to 80 ms on two; a whole stories260K finetuning step
-# 875 ms against 98 ms. So GEMMs with m*n*k <= the bound run on the calling thread, and the
-# bound follows the machine (adapt(), called by the program before each step, at most every
-# PROBE_SECONDS): QUIET_BOUND while the thread running the steps does not wait for a core,
-# BUSY_BOUND for HOLD_SECONDS after it did in two probe intervals running (its run delay,
-# /proc/thread-self/schedstat, above RUN_DELAY_BUSY of the wall time: on a machine whose cores
-# other processes hold, every thread of the step waits, the pool's too, and that wait makes
-# split GEMMs slow; one interval alone is often a neighbour's burst). Only intervals of steps
-# run back to back on one thread count: one longer than STALE_SECONDS spans other work (a
-# compile, data loading, a pause) and is not judged. Until session 14 the run delay was summed
-# over all the process's threads: the pool's threads spin a moment after each parallel region
-# and keep waiting for a core while another process runs, so a process taking turns with
-# another (bench/llama_peers.py: PyTorch's 5 steps, then jitgraph's 5; PyTorch's own threads
-# spin ~10 ms after its steps) was judged busy and its GEMMs went to one thread mid-run (the
-# full finetuning step 35-40 -> 55-60 ms from its 8th to 24th step on). Starts at QUIET_BOUND:
-# starting at BUSY_BOUND held a short run's first ~50 ms of steps on one thread for nothing
-# (the MNIST MLP step at batch 100 timed 1.8 ms there against 1.15 ms quiet).
-# The load moves only where the bands run, never how a GEMM is cut: a GEMM above the band bound
-# (QUIET_BOUND, or the fixed bound) is always cut into the same bands, run one per pool thread
-# while quiet and one after another on the calling thread while busy. Same sub-GEMMs, so the
-# same bits whatever the load (cutting by the moving bound summed in another order: a resumed
-# MNIST training run came out 1 ulp from the straight one when the load changed in between).
-# JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: every GEMM in bands), as does
-# set_serial_max() at run time: compiled (and cached) kernels read it from memory at each call.
-# QUIET_BOUND was 2^22 until session 14: a GEMM of exactly 2^22 (stories260K's k and v
-# projections [2048,64] @ [64,32], their dX and their [32,64] k 2048 weight gradients, 30 in a
-# full finetuning step) then ran on one thread, 73-76 us, against 39-44 us in two bands
-# (AVX-512 Zen 4, back to back); GEMMs of 1.5-4.2M ran 1.3-1.9x faster in bands alike. In
-# whole steps, each bound in turns with the others in one process (25 rounds, medians): full
-# finetuning 58.6 ms at 2^22, 57.1 at 2^21, 58.5 at 2^20; LoRA 37.0, 35.8, 37.1 (below 2^21
-# the pool's threads, asleep after the serial kernels between, cost more than the bands gain);
-# the MNIST MLP, CNN and llama_train steps the same at 2^22 and 2^21 (within 1.5 %).
-# RUN_DELAY_BUSY was 0.05 and HOLD_SECONDS 5 until session 16. A busy machine is far above
-# 0.05: with one spinning process beside a full finetuning step on the 2 cores the steps'
-# thread waited 0.34-0.41 of the wall time (steps 108-158 ms with the busy bound, 175 ms
-# with the quiet one). But 0.077 and 0.098 were seen on a machine otherwise idle, during
-# bench/llama_peers.py's turns (the parent's pipe, a sampler, a kernel thread), and each
-# such pair held the busy bound for 5 s, renewed by the next such pair: a whole side-by-side
-# row at 44-49 ms a step against 30 quiet (the busy bound on a quiet machine: 49-57 ms
-# against 37 for the same program in one process). 0.2 keeps a margin either side; a 2 s
-# hold costs a loaded machine two probe intervals of quiet-bound steps every 2 s.
+# Two spinning pools starve each other and sleeping threads cost a wake-up per GEMM, so there is
+# one pool, numba's. OpenBLAS runs on one thread in every call jitgraph makes (its thread count
+# set to 1 around the call and restored); a GEMM above the one-thread bound is cut into one band
+# of c's rows per pool thread (_bands), each band in small-kernel tiles where they pay.
+# The bound follows the load (adapt(), before each step, at most every PROBE_SECONDS), since on a
+# busy machine a band's wait for its thread dominates the GEMM: QUIET_BOUND, or BUSY_BOUND for
+# HOLD_SECONDS once the stepping thread's run delay (/proc/thread-self/schedstat; the pool's
+# spinning threads would always read busy) exceeded RUN_DELAY_BUSY of the wall time in two probe
+# intervals running (one is often a neighbour's burst); an interval over STALE_SECONDS spans
+# other work (a compile, a pause) and is not judged. The load moves only where the bands run,
+# never how a GEMM is cut (above QUIET_BOUND or the fixed bound, always the same bands), so the
+# bits are the same whatever the load. JITGRAPH_BLAS_SERIAL_MAX=<m*n*k> fixes the bound (0: every
+# GEMM in bands), as does set_serial_max(); compiled kernels read it from memory at each call.
+# The values' measurements: bench/README.md, "Figures behind the code", BLAS.
 QUIET_BOUND, BUSY_BOUND = 1 << 21, 1 << 26
 PROBE_SECONDS, HOLD_SECONDS, RUN_DELAY_BUSY, STALE_SECONDS = 0.05, 2.0, 0.2, 0.5
 _FIXED = os.environ.get("JITGRAPH_BLAS_SERIAL_MAX", "").strip()
@@ -356,20 +311,11 @@ def restore_threads(was):
 # ---- tiles for OpenBLAS's small-matrix kernels ----------------------------------------------
 # OpenBLAS's SkylakeX-class builds (the AVX-512 kernels numpy's wheels pick on Intel since
 # Skylake-X and on AMD Zen 4) run a GEMM with m*n*k <= 100^3 through "small matrix" kernels
-# that read the operands where they lie, and pack them above that: a LoRA adapter's weight
-# gradient [2048,8]^T [2048,64] (k 2048, m*n*k 1.05M) took 39 us on one thread, its halves of k
-# 10.6 us each (2-core Zen 4, thread time; k = 1953 and 1960 either side of the bound: 24 and
-# 49 us). So a one-thread GEMM above the bound is cut into tiles under it where that pays,
-# measured on the shapes of a stories260K finetuning step and the MNIST MLP (one thread, us,
-# whole -> tiles): A transposed (a weight gradient, k = tokens) cut along k, each tile
-# accumulating into c: [8,64] k 2048 39 -> 19, [64,8] 46 -> 21, [32,64] 101 -> 74, [64,64]
-# 182 -> 150, [500,10] k 1000 259 -> 123; neither transposed cut along the rows of c:
-# [2048,64] k 8 32 -> 24, [2048,8] k 64 41 -> 26, [2048,64] k 64 180 -> 148, [1000,10] k 500
-# 214 -> 140; float64 alike ([2048,8] k 64 106 -> 39, [64,8] k 2048 92 -> 40). B transposed
-# gained nothing cut any way ([2048,8] k 64 42 -> 42 along m, 46 along k) and stays whole, as
-# do GEMMs on OpenBLAS's threads (above the one-thread bound: MNIST's [1000,10] k 500 in five
-# one-thread tiles 141 us, on two OpenBLAS threads 141 us; its MLP step the same either way).
-# The stories260K LoRA step, in turns in one process: 46.8 -> 44.3 ms (full: 59.4 -> 57.9).
+# that read the operands where they lie, and pack them above that, which costs a GEMM with a
+# small k or n more than its product. So a one-thread GEMM above the bound is cut into tiles
+# under it where that pays: A transposed (a weight gradient, k = tokens) along k, each tile
+# accumulating into c; neither transposed along the rows of c. B transposed gains nothing cut
+# and stays whole, as do GEMMs on the pool (bench/README.md: "Figures behind the code", BLAS).
 # Other builds (AVX2 Haswell/Zen kernels) have no such kernels: there the bound is 0 and
 # nothing is cut. JITGRAPH_BLAS_SMALL_MNK=<m*n*k> overrides it (0: never cut); like the
 # one-thread bound it lives at a symbol that compiled kernels read at each call.
@@ -414,7 +360,7 @@ def set_small_mnk(work: int) -> int:
 _POOL, _pool_threads = _setting("jitgraph_pool_threads", max(1, numba_config.NUMBA_NUM_THREADS))
 
 
-MIN_TILE = 16    # rows (or k) per tile, at least: a 2-row tile of [1000,500] k 784 ran 2x slower
+MIN_TILE = 16    # rows (or k) per tile, at least: thinner tiles cost more than they save
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -527,15 +473,10 @@ def gemm(ta, tb, alpha, a, b, beta, c):
 
 
 # ---- B transposed: a small B copied into its transpose first --------------------------------------
-# OpenBLAS runs c = a b^T well below c = a b on these shapes (a weight [N, K] read transposed, K
-# small): stories260K's projections at 108-123 GFLOP/s against 177-186 for the same sizes not
-# transposed. Copying b into its transpose (N*K elements, once per call) and running the
-# untransposed product wins where K is small and c tall (2-core Zen 4, back to back, us, pool /
-# one thread): [2048,8] k 64 52 -> 29 / 50 -> 31, [2048,64] k 8 40 -> 27, [2048,32] k 64 105 ->
-# 78 / 109 -> 80, [2048,64] k 64 105 -> 89 / 192 -> 157, [2048,64] k 172 258 -> 225, [2048,512]
-# k 64 (the output layer) 990 -> 695, [1000,500] k 10 87 -> 73; [2048,172] k 64 290 -> 294.
-# It loses where K is large (MNIST's [100,500] k 784 659 -> 922, [1000,500] k 784 4215 -> 5524,
-# [100,10] k 500 10 -> 16), hence the bounds of lower.transpose_pays: the lowering decides
+# OpenBLAS runs c = a b^T well below c = a b where K is small (a weight [N, K] read transposed),
+# so copying b into its transpose (N*K elements, once per call) and running the untransposed
+# product wins where K is small and c tall, and loses where K is large, hence the bounds of
+# lower.transpose_pays (bench/README.md: "Figures behind the code", BLAS): the lowering decides
 # (runtime/cpu/lower.py matmul, fused.gemm) and gives the copy its scratch buffer.
 
 
@@ -568,10 +509,8 @@ def gemm_bt(alpha, a, b, beta, c, bts):
     K, N], bt_copies()): where gemm runs its bands on the pool, each thread copies b^T into a
     copy of its own and runs its band on it (one copy read by both threads ran its products
     slower: each band's reads of the other core's freshly written lines), else one copy and
-    gemm's bands (the same bands: the same bits whatever the load). 2-core Zen 4, us, one
-    shared copy -> a copy per thread: [2048,64] b [172,64] 273-275 -> 249-257, [2048,172] b
-    [64,172] 244-253 -> 224-245, b [64,64] 91-99 -> 85-90, b [32,64] 52-53 -> 44-47; the
-    stories260K finetuning step stepped alternately with the one-copy build 0.994 (LoRA 0.995)."""
+    gemm's bands (the same bands: the same bits whatever the load; bench/README.md: "Figures
+    behind the code", BLAS)."""
     n, k = b.shape
     m = c.shape[0]
     if not (m and n):

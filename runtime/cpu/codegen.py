@@ -9,7 +9,7 @@ caller's arrays). Each kernel is compiled as a numba `cfunc` that takes buffer a
 driver `DRIVER(arena, persist, io)` is LLVM IR text: the straight-line calls of those symbols,
 in order, with base address + offset, then the copies into params (llvm.memcpy). A step is one
 Python->native call; the driver never links the kernels' code into its own and needs no
-optimisation, so llvmlite compiles it in ~0.1 s even at 635 calls
+optimisation, so llvmlite compiles it fast even at hundreds of calls
 (runtime/backend.Driver), and each kernel is compiled (and cached) once whatever program uses
 it. Each call is preceded by the IR node it implements as a `;` comment, so the source reads
 as an IR dump. With an update boundary (passes/boundary.py: `kg.boundary` phase-1 kernels) the

@@ -75,8 +75,8 @@ class Builder:
         """The parameter of an earlier argument with exactly a's buffer and view (the memory
         plan put an output in place of an input): one array for both, so LLVM sees one
         pointer. With a second pointer to the same bytes a serial in-place loop stayed scalar
-        (its alias checks over many arrays exceed LLVM's limit): Adam over 392k elements ran
-        919 us against 113 us with one array per buffer."""
+        (its alias checks over many arrays exceed LLVM's limit; bench/README.md: "Figures
+        behind the code", fused kernels)."""
         if self.slot_of is None or not isinstance(a, tuple):     # a Workspace is no tuple
             return None
         slot = self.slot_of(a[0])
@@ -143,7 +143,7 @@ def elementwise(g, kernel, inlined, b=None, preloaded=None, slot_of=None, spill=
         # in order: a domain's hoisted loads define the scalars later domains read
         seg = _segment(b, shape, mems, outs, preloaded or {}, spill or {})
         # a flat domain of a parallel kernel gets its own prange when it has the work for one
-        # (an f32 add of 64k elements: serial 8.4 us, parallel 5.8 us; 16k: 2.4 / 3.1 us)
+        # (an eighth of PARALLEL_MIN_WORK: its flat loop needs no nest)
         if seg[0] == 1 and par and seg[2][0] > 1 and \
                 _work(g, mems) >= PARALLEL_MIN_WORK // 8:
             b.lines += _flat(seg)
@@ -189,8 +189,7 @@ def _nest(seg, par):
 
 def _flat(seg):
     """A flat domain as one prange over its elements. A prange whose body is itself an inner
-    loop over a chunk (`for c in prange(..): for i in range(lo, hi)`) stayed scalar in LLVM
-    (Adam over 392k elements: 580 us against 60 us for the flat prange, in place or not)."""
+    loop over a chunk (`for c in prange(..): for i in range(lo, hi)`) stayed scalar in LLVM."""
     _, pre, (n,), levels, body = seg
     return pre + [f"for i0 in prange({n}):"] + ["    " + ln for ln in levels.get(1, []) + body]
 
@@ -236,7 +235,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
         b.vals = {c: v for c, v in b.vals.items() if c in inlined}   # its loop-local names
     # The product goes into its own output buffer when it is one, else into scratch space: the
     # epilogue then reads one buffer and writes others. Writing it into an epilogue output and
-    # updating that in place was no faster (MLP step at batch 1000: +0.05 ms).
+    # updating that in place was no faster.
     carrier = prod if prod in kernel.outputs and \
         not any(_overlap(slot_of(prod), s) for s in ins) else None
     outs = tuple(m for m in kernel.outputs if (m != prod or carrier != prod) and m not in pro)

@@ -26,26 +26,10 @@ a block of scores (backward: and one of dP) and [D, S] for each transposed k, v,
 task, not per thread: numba's thread id and count are not cacheable in machine code); at most
 S / BQ times a score row per query, where the scores composed from primitives took S x S.
 
-Against the first version of these kernels (one query row at a time, dot products as
-vectorised loops), one thread, f32: stories260K's shape [16, 128, 8 heads over 4, 8] forward
-2.9 -> 2.3 ms, backward 7.2 -> 3.8 ms; the width-128 llama's [16, 128, 4, 32] 4.8 -> 2.1 ms and
-8.2 -> 4.0 ms. The softmax as above (was: a max pass, an exp pass to the row's own length, a
-normalising pass and a zero fill, the sum in float64): stories260K's 2.27 -> 1.82 ms forward,
-3.90 -> 3.39 backward, the exp passes' share of the forward 1.25 -> 0.8 ms. Tried and slower:
-rows one at a time with k and v transposed (no BLAS: 3.5 / 6.9 ms, the loops over at most 128
-keys are too short to vectorise well), the exp pass to a multiple of 16 past the row's length
-(variable trip counts: 2.0 ms). The block's max instead of each row's (one flat pass over the
-contiguous block; the per-row max passes ended in a horizontal reduction each, 0.25 ms of the
-forward): the softmax pass 0.87-0.93 -> 0.67 ms per forward at stories260K's shape, its
-forward 1.81 -> 1.54-1.58 ms, backward 3.70 -> 3.32-3.56. The exps as one flat pass over the
-block, the masked keys -inf (was: a pass per row over its 32 to 128 keys, with a select; such
-short loops ran in LLVM's remainder loops: 0.70 ns an element against 0.26 in a long loop),
-session 14, AVX-512 Zen 4, in turns, medians: forward 2.33 -> 2.19 ms on one thread, 1.39 ->
-1.22 on two; backward 4.73 -> 4.61 and 2.71 -> 2.58. Tried and no faster
-(bench/README.md, session 8): the query heads sharing a kv head packed into one block (half
-the GEMM calls), and the block's query rows as the vector lanes. K and V transposed once per
-task, dk and dv summed transposed (session 15): one thread, forward 2.19 -> 1.29 ms, backward
-4.61 -> 2.65; the width-128 llama's 1.55 and 3.58.
+Each of these choices (BLAS blocks over query rows, the block's max, the exps in one flat pass
+over the block, K and V transposed once per task) measured faster than what it replaced; rows
+one at a time without BLAS and the query heads packed into one block lost (bench/README.md:
+"Figures behind the code", attention kernels).
 """
 from __future__ import annotations
 
@@ -65,7 +49,7 @@ _FAST = {**_OPTS, "fastmath": {"reassoc", "nsz", "contract"}}
 fkernel = njit(**_FAST)
 pfkernel = njit(parallel=True, **_FAST)
 
-# query rows per block (stories260K's backward: 16 rows 4.3 ms, 32 3.4, 64 3.6); the blocks of
+# query rows per block (32 ran stories260K's backward faster than 16 or 64); the blocks of
 # attention_store's probabilities are these blocks (jitgraph/ops/attention.py's layout)
 BQ = PROBS_BLOCK
 

@@ -4,7 +4,7 @@
 Each image is copied into a zero-padded buffer xp [C, Hp, Wp] (Hp = H + 2 ph, Wp = W + 2 pw), and
 the im2col matrix is built on the "wide" grid of xp's row pitch: column p*Wp + q of row (c, i, j)
 holds xp[c, p*sh + i*dh, q + j*dw]. For sh == 1 a row is then one contiguous slice of xp, copied
-without bounds tests or zero fill (4-7x faster than a per-element im2col). A row has
+without bounds tests or zero fill (faster than a per-element im2col). A row has
 L = (oh-1)*Wp + Wp - dw*(kw-1) columns; the columns that are no output position (q >= the
 stride-1 output width, or q not a multiple of sw) are computed and dropped, so a horizontal
 stride sw costs sw times the GEMM work, and stride 1 about Wp / ow.
@@ -14,11 +14,8 @@ stride sw costs sw times the GEMM work, and stride 1 about Wp / ow.
     conv2d_back_input:  col = w^T @ gwide; gxp = col2im(col) (slice adds); gx[n] = gxp cropped
 Images are split over threads (prange) when the work pays for a parallel region; each thread has
 its own workspace slot (and partial gw). At MNIST sizes each per-image GEMM is below OpenBLAS's
-threading threshold and runs in its caller's thread; one GEMM over the whole batch measured up
-to 2x slower (skinny and out of cache).
-
-Measured (f32, batch 100, 3x3, padding 1, one thread): 8->16 channels at 14x14 forward 0.74 ms
-against 1.12 ms for the per-element im2col before (the GEMM is ~0.47 ms of it, ~105 GFLOP/s).
+threading threshold and runs in its caller's thread; one GEMM over the whole batch measured
+slower (skinny and out of cache; bench/README.md: "Figures behind the code", convolution).
 """
 from __future__ import annotations
 

@@ -127,9 +127,9 @@ def _rope_slab(xf, of, b, S, H, D, cs, sn, neox):
     pairs) in one loop, which vectorises: it indexes views from 0, as an index computed as
     base + i may be negative as far as numba knows, and its wraparound select kept LLVM from
     vectorising. One loop per slab, not per (batch, position) row: a row is 32 to 64 elements
-    at stories260K's width, and the per-row calls cost more than the rotation (one thread,
-    table included: its q [16, 128, 8, 8] 108 -> 35 us, k [16, 128, 4, 8] 88 -> 20 us). The
-    per-head loops of mode neox are a few pairs long; views cost them more than they gain."""
+    at stories260K's width, and the per-row calls cost more than the rotation (bench/README.md:
+    "Figures behind the code", rope). The per-head loops of mode neox are a few pairs long;
+    views cost them more than they gain."""
     half = D // 2
     n = S * H * D
     base = b * n
@@ -166,8 +166,8 @@ def _rope(x, pos, factors, out, work, theta, neox, sign):
     _rope_table(pos, D, theta, sign, cs, sn, factors)
     xf, of = x.reshape(x.size), out.reshape(out.size)
     slabs = x.size // (S * H * D)
-    # ~0.3 ns an element in one thread (stories260K's q: 35 us), so a prange region pays only
-    # from some 4 * PAR_MIN_WORK elements (two threads took 60-100 us on that q)
+    # the slab loop vectorises (cheap per element), so a prange region pays only from some
+    # 4 * PAR_MIN_WORK elements (bench/README.md: "Figures behind the code", rope)
     if x.size < 4 * PAR_MIN_WORK or slabs == 1:
         for b in range(slabs):
             _rope_slab(xf, of, b, S, H, D, cs, sn, neox)

@@ -7,9 +7,8 @@ Each kernel walks the [H, W] planes through 2-D views; max pooling splits the pl
 when the work pays for a parallel region (lib_common.PAR_MIN_WORK), and the common 2x2 stride-2
 unpadded window has loops of its own (no window tests; disjoint windows, so the backward stores).
 A window that lies inside the plane (all of them without padding) is read without per-tap bounds
-tests and keeps its running maximum with selects; only border windows take the checked path. Measured (f32, relu'd [100,8,28,28],
-2x2 stride 2, one thread, a loaded 2-core box): max_pool2d 2.4 -> 0.2-0.5 ms, max_pool2d_back
-2.6 -> 1.7 ms against the per-tap checked loops before.
+tests and keeps its running maximum with selects; only border windows take the checked path
+(bench/README.md: "Figures behind the code", pooling).
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ def _first_max(xc, y0, z0, kh, kw):
     """(value, y, z) of the first maximum, in row-major tap order, of the window whose top-left
     tap is (y0, z0) in the plane xc [H, W]; a tap outside the plane counts as -inf and reports
     y = -1 (its gradient is dropped, as the reference's crop does). The running maximum is
-    kept with selects, not branches: 2x faster on unpredictable data."""
+    kept with selects, not branches: faster on unpredictable data."""
     H, W = xc.shape
     if y0 >= 0 and z0 >= 0 and y0 + kh <= H and z0 + kw <= W:
         best, k = xc[y0, z0], 0
@@ -52,7 +51,7 @@ def _first_max(xc, y0, z0, kh, kw):
 
 @kernel
 def _window_max(xc, y0, z0, kh, kw):
-    """_first_max, with the common 2x2 window passed as constants (unrolled: 2x faster)."""
+    """_first_max, with the common 2x2 window passed as constants (unrolled)."""
     if kh == 2 and kw == 2:
         return _first_max(xc, y0, z0, 2, 2)
     return _first_max(xc, y0, z0, kh, kw)
@@ -80,7 +79,7 @@ def _max_plane_2x2(xc, oc):
 def _max_back_plane_2x2(xc, gc, oc):
     """Backward of _max_plane_2x2: the plane zeroed, then each window's gradient stored at its
     first maximum (the windows are disjoint: plain stores). Faster over many planes than
-    branch-free stores of all four taps (0.7 against 1.5 ms for [100,8,28,28], one thread)."""
+    branch-free stores of all four taps."""
     oh, ow = gc.shape
     oc[:] = 0
     for p in range(oh):

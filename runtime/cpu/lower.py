@@ -12,18 +12,9 @@ from dataclasses import dataclass, field
 
 from ..backend import ALIGN
 from ..kernelgen import batch_index
-
-# A kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, where cost
-# is 1 + the number of math calls and divisions in its expression. Measured on the 2-core machine
-# under OMP_WAIT_POLICY=PASSIVE, jitgraph's default then (a parallel launch costs ~65 us; with
-# libgomp's spinning default since session 9 ~2 us, but rope's prange over 35 us of work still
-# lost, 66 us: not re-tuned): a memory-bound f32
-# add ran serial/parallel 8.5/65 us at 64k elements, 35/65-105 us at 256k, 157/120-220 us at 1M
-# (parallel wins from ~1M); an Adam update (sqrt + division) 57/70 us at 64k, 113/103 us at
-# 128k, 335/231 us at 392k, 903/515 us at 1M (parallel wins from ~128k). Those loops were
-# scalar; since parallel loops are flat pranges and in-place operands share one array (both
-# vectorise), Adam over 392k runs 113 us serial / 60 us parallel and the threshold is conservative.
-PARALLEL_MIN_WORK = 1 << 19
+# a kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, cost being
+# 1 + the math calls and divisions of its expression
+from .thresholds import PARALLEL_MIN_WORK
 
 # the import line of kernels whose row max uses fmaximum (NaN-propagating, and it vectorises:
 # Python's max compiles to a compare and branch that LLVM leaves scalar)
@@ -148,7 +139,7 @@ def reduction(graph, n, rule, pats=None, element=plain_element, args=None):
     # parallel over the outermost kept axis (each iteration owns its output elements), also
     # where reduced axes come before it: the CNN's bias and relu-backward sums over [100, 8,
     # 784] (axes 0 and 2) ran on one thread, and fused with their prologue lost to the
-    # unfused parallel elementwise kernels (0.92-0.96x); the memory-order nest (last axis
+    # unfused parallel elementwise kernels; the memory-order nest (last axis
     # kept) accumulates along every axis, so its all-axes loop is parallel only when axis 0 is kept
     par = x.type.size * rule.cost >= PARALLEL_MIN_WORK and bool(kept) and xshape[kept[0]] > 1
     if pats[-1][1] == "K" and rule.memory is not None:
@@ -157,8 +148,8 @@ def reduction(graph, n, rule, pats=None, element=plain_element, args=None):
         r = _rows_nest(n, xshape, kept, red, par, element)
         lines = r.loops + rule.rows(r)
     head = [", ".join(f"n{ax}" for ax in range(len(xshape))) + f", = {literal(xshape)}"]
-    # reassociation lets LLVM split a float accumulator into vector lanes: a float64 sum over
-    # [100, 16, 196] (relu backward + bias gradient) ran 4x faster; NaN/inf kept (no nnan/ninf)
+    # reassociation lets LLVM split a float accumulator into vector lanes (the sum vectorises);
+    # NaN/inf kept (no nnan/ninf)
     fast = x.type.is_float and rule.fastmath
     if args is None:
         return [Call("KERNEL", [(x.id, xshape), (n.id, oshape)], _kernel(["x", "out"], head + lines),

@@ -34,8 +34,8 @@ def _approx(name, arity=1):
 # The CPU spelling of the elementwise ops whose portable expression calls libm, per dtype: the
 # branch-free functions of runtime/cpu/approx.py (within 3 ulp in f32, 2 ulp in f64). One libm
 # call (math.exp, math.log1p, ...) in a loop keeps LLVM from vectorising the whole loop, so in
-# a fused kernel it made every member scalar: gelu(softplus(a*b - a) * sigmoid(b) - tanh(a + b))
-# over 4M floats ran 0.45x its unfused time, with log1p the one libm call left. Still libm:
+# a fused kernel it made every member scalar (and the fused kernel slower than the unfused
+# ones; bench/README.md: "Figures behind the code", approx). Still libm:
 # float64 pow and round_f16 (frexp, ldexp); a fused kernel holding one of them runs scalar.
 EXPR = {**{op: _approx(op) for op in ("exp", "log", "tanh", "sigmoid", "softplus", "silu",
                                       "gelu")},

@@ -5,20 +5,18 @@ calls `configure()` first). Every setting respects a value the user already expo
 
   JITGRAPH_NUM_THREADS   threads for parallel kernels and BLAS (default: all cores); copied
                          into NUMBA_NUM_THREADS and OPENBLAS_NUM_THREADS when those are unset
-  NUMBA_THREADING_LAYER  default "omp" (GNU OpenMP): ~1-2 us per parallel launch, against
-                         ~75 us for "workqueue"
+  NUMBA_THREADING_LAYER  default "omp" (GNU OpenMP): its parallel launches cost a fraction of
+                         "workqueue"'s
   OMP_WAIT_POLICY        left to libgomp (its threads spin a moment after each parallel
                          region, then sleep): numba's pool is the only pool a step uses, as
                          OpenBLAS runs on one thread in every jitgraph call and big GEMMs are
-                         split over numba's threads (blas.py). PASSIVE, the earlier default
-                         (kept while OpenBLAS had threads of its own to starve), made each
-                         parallel launch wake a sleeping thread: 25-60 us on these VMs against
-                         ~2 us; a user's PASSIVE is still respected.
+                         split over numba's threads (blas.py). PASSIVE would make each
+                         parallel launch wake a sleeping thread; a user's PASSIVE is still
+                         respected.
   OPENBLAS_THREAD_TIMEOUT default "4": OpenBLAS's threads spin for 2**N cycles after each GEMM
                          before sleeping (N=28 by default). Spinning, they take the cores from
-                         the parallel kernel that follows: a dW GEMM + fused Adam update ran in
-                         3.06 ms, against 1.10 ms with 4 (bench: MLP step at batch 100 3.0 ->
-                         2.3 ms, batch 1000 16.2 -> 11.8 ms). Read when OpenBLAS loads, so
+                         the parallel kernel that follows (bench/README.md: "Figures behind
+                         the code", threads). Read when OpenBLAS loads, so
                          jitgraph sets it at import (before numpy and scipy load their OpenBLAS
                          when jitgraph is imported first); the GEMM library (blas.py, numpy's
                          OpenBLAS by default) is told again when numpy was imported first.
@@ -26,8 +24,7 @@ calls `configure()` first). Every setting respects a value the user already expo
                          machine, 2**26 while other processes hold the cores) run on the calling
                          thread, bigger ones in bands over the pool (blas.py): each split GEMM
                          must wait for its second thread to be scheduled, which on a busy
-                         machine cost 10-80 ms per small GEMM (a 2-thread stories260K step
-                         0.7-4.8 s against 0.1-0.6 s with one thread; bench/llama_threads.py).
+                         machine costs far more than the split saves (bench/llama_threads.py).
                          0 splits every GEMM.
   JITGRAPH_BLAS_SMALL_MNK one-thread GEMMs above this m*n*k are cut into tiles under it, for
                          OpenBLAS's small-matrix kernels (default 10^6 with its SkylakeX-class
