@@ -66,7 +66,7 @@ def test_configs_follow_the_files(arch_model):
     assert ("blk.1.attn_v.bias" in params) == (name == "qwen2")
     if name == "phi3":
         assert params["blk.0.ffn_up.weight"].shape == (2 * cfg.ff, cfg.dim)
-    assert (tok is not None) == (name == "phi3")      # the SentencePiece vocabulary
+    assert tok is not None and len(tok) == cfg.vocab     # SPM (phi3) or BPE (llama3, qwen2)
 
 
 def test_logits_match_llama_cpp(arch_model):

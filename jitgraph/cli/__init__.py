@@ -528,11 +528,11 @@ def _export(args):
     from ..models.lora import merge
     _check_model_file(args.model_file, "model")
     check_outputs(args, {"the base model": args.model_file, "--lora": args.lora})
-    cfg, params, tok = read_llama(args.model_file)
+    cfg, params, _ = read_llama(args.model_file)
     adapter, alpha = _read_lora(args, cfg, merged=True)
     merged = merge(params, adapter, alpha, args.lora_scale)
-    vocabulary = tokenizer_fields(args.model_file) if tok is None else None   # BPE: as it is
-    write_llama(args.out, cfg, merged, tok, ftype=args.ftype, vocabulary=vocabulary,
+    vocabulary = tokenizer_fields(args.model_file)     # the base model's, exactly as it is
+    write_llama(args.out, cfg, merged, None, ftype=args.ftype, vocabulary=vocabulary,
                 name=f"{os.path.basename(args.model_file)} + {os.path.basename(args.lora)}")
     _say(args, f"saved {args.out}: {args.model_file} with {args.lora} merged (scale "
                f"{args.lora_scale:g}, {args.ftype})")
