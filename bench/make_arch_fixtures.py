@@ -190,6 +190,38 @@ def write_model(path, name, spec, vocab):
     w.close()
 
 
+def llama_cpp_greedy(llm, prompt, n):
+    """llama.cpp's argmax continuation of `prompt` (ids), one token evaluated at a time."""
+    llm.reset()
+    llm.eval(list(prompt))
+    new = []
+    for _ in range(n):
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        new.append(tok)
+        llm.eval([tok])
+    return new
+
+
+def llama_cpp_perplexity(llm, ids, n_ctx, bos):
+    """llama.cpp's perplexity method (tools/perplexity) over whole chunks of n_ctx of `ids`: the
+    first token of each chunk replaced by `bos` (None: kept), the second half scored, from
+    llama.cpp's logits in float64."""
+    first = n_ctx // 2
+    nll = []
+    for c in range(len(ids) // n_ctx):
+        chunk = list(ids[c * n_ctx:(c + 1) * n_ctx])
+        targets = chunk[first + 1:]
+        if bos is not None:
+            chunk[0] = bos
+        llm.reset()
+        llm.eval(chunk)
+        lg = np.array(llm.scores[first:n_ctx - 1], np.float64)
+        m = lg.max(axis=1)
+        lse = np.log(np.exp(lg - m[:, None]).sum(axis=1)) + m
+        nll.extend(lse - lg[np.arange(len(targets)), targets])
+    return math.exp(float(np.mean(nll)))
+
+
 def reference(path):
     """llama.cpp's outputs for the model at `path` (see the module docstring)."""
     import llama_cpp
@@ -204,35 +236,12 @@ def reference(path):
     llm.eval(prompt)
     logits = np.array(llm.scores[:len(prompt)], np.float32)
 
-    greedy = []
-    for p in (text_ids[:5], text_ids[20:28]):
-        llm.reset()
-        llm.eval(p)
-        new = []
-        for _ in range(24):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            new.append(tok)
-            llm.eval([tok])
-        greedy.append({"prompt_ids": list(map(int, p)), "ids": new})
-
+    greedy = [{"prompt_ids": list(map(int, p)), "ids": llama_cpp_greedy(llm, p, 24)}
+              for p in (text_ids[:5], text_ids[20:28])]
     need = PPL_CTX * PPL_CHUNKS
     if len(text_ids) < need:
         raise SystemExit(f"{path}: the text has {len(text_ids)} tokens, perplexity needs {need}")
-    ids = text_ids[:need]
-    first = PPL_CTX // 2
-    nll = []
-    for c in range(PPL_CHUNKS):
-        chunk = list(ids[c * PPL_CTX:(c + 1) * PPL_CTX])
-        targets = chunk[first + 1:]
-        if add_bos:
-            chunk[0] = bos
-        llm.reset()
-        llm.eval(chunk)
-        lg = np.array(llm.scores[first:PPL_CTX - 1], np.float64)
-        m = lg.max(axis=1)
-        lse = np.log(np.exp(lg - m[:, None]).sum(axis=1)) + m
-        nll.extend(lse - lg[np.arange(len(targets)), targets])
-    ppl = math.exp(float(np.mean(nll)))
+    ppl = llama_cpp_perplexity(llm, text_ids[:need], PPL_CTX, bos if add_bos else None)
     return logits, {"llama_cpp_python": llama_cpp.__version__, "add_bos": add_bos,
                     "bos": int(bos), "eos": int(llm.token_eos()),
                     "prompt_ids": list(map(int, prompt)), "greedy": greedy, "text": TEXT,
