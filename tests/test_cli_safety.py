@@ -18,7 +18,7 @@ from jitgraph import cli
 from jitgraph.formats import gguf as gguf_io
 from jitgraph.formats.data import Dataset, load_mnist, synthetic_digits
 from jitgraph.models import MODELS
-from jitgraph.cli.train import evaluate
+from jitgraph.training import evaluate
 
 TINY = ["--n-train", "200", "--val-split", "0", "--n-test", "100", "--quiet"]
 
@@ -270,7 +270,7 @@ def test_help_shows_every_default_and_no_internal_references(capsys):
 
 
 def test_ctrl_c_then_resume_ignoring_options(tmp_path, capsys, monkeypatch):
-    from jitgraph.cli.train import Trainer
+    from jitgraph.training import Trainer
     ck = tmp_path / "ck.gguf"
     real = Trainer.run_one_epoch
 

@@ -248,7 +248,7 @@ def _train_ranks(args, world):
     from .. import compile as jg_compile, optim
     from ..formats.gguf import load_checkpoint, save_checkpoint, save_model
     from ..models import MODELS
-    from .train import Trainer, evaluate, train_samples
+    from ..training import Trainer, evaluate, train_samples
 
     # everything that can fail is checked before anything compiles or trains
     check_outputs(args, {"--resume": args.resume, "--data": args.data})
@@ -365,7 +365,7 @@ def _eval(args):
     from .. import compile as jg_compile
     from ..formats.gguf import load_model, trained_on
     from ..models import MODELS
-    from .train import evaluate
+    from ..training import evaluate
     _check_model_file(args.model_file, "model")
     arch, params = load_model(args.model_file)
     trained = trained_on(args.model_file)
