@@ -8,10 +8,9 @@ the first 90 % of the text's bytes, validation on 20 fixed batches of windows fr
 end of the running step: the checkpoint (and for finetune the output) is saved, then the command
 exits 130 / 143.
 
-A llama training checkpoint is a GGUF file with the model's llama.* and tokenizer metadata, every
-param under its name, the optimizer state as `state.<name>` tensors and a JSON object under
-`jitgraph.checkpoint`: the options that shape the run, the program's call count, the window
-sampler's RNG state, the step and the loss curve. Resuming restores all of it, so k steps, a
+A llama training checkpoint (jitgraph/formats/llama_checkpoint.py) holds the options that shape
+the run, the program's call count, the window sampler's RNG state, the step and the loss curve
+besides the params and the optimizer state. Resuming restores all of it, so k steps, a
 checkpoint and N - k more steps give bitwise the params of N steps straight.
 
 Under `mpiexec -n N` both commands train data-parallel (jitgraph/distributed.py, as `train
@@ -43,14 +42,13 @@ import time
 
 import numpy as np
 
+from ..formats.llama_checkpoint import load_llama_checkpoint, save_llama_checkpoint
 from ..lora import SHORTHANDS
 from . import (EXIT_INTERRUPT, EXIT_TERMINATED, Terminated, _check_model_file, _compile_progress,
                _float_in, _int_at_least, _Run, _say, _warn, add_compile_flags,
                add_threads_flag, adopt_resumed, apply_threads, check_outputs, compile_target,
                note_unsaved)
 
-CKPT_KEY = "jitgraph.checkpoint"
-STATE_PREFIX = "state."
 VAL_BATCHES = 20
 # `train llama` options a checkpoint records: --resume continues with these
 TRAIN_RESUMED = ("text", "vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx",
@@ -256,66 +254,6 @@ def add_dump_options(p):
     p.add_argument("--program", choices=("train", "prefill", "decode"), default="train",
                    help="llama only: the training step, or generation's prompt (prefill) or "
                         "one-token (decode) program")
-
-
-# ---- checkpoints -------------------------------------------------------------------------------
-def save_llama_checkpoint(path, cfg, tok, params: dict, state: dict, meta: dict) -> None:
-    """A llama training checkpoint (see the module docstring), written atomically."""
-    from ..formats.gguf import gguf_writer
-    arrays = {k: np.asarray(v) for k, v in params.items()}
-    arrays.update({STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
-    meta = {**meta, "shapes": {k: list(a.shape) for k, a in arrays.items()}}
-    with gguf_writer(path, cfg.arch) as w:
-        w.add_name("jitgraph training checkpoint")
-        cfg.to_gguf(w)
-        if tok is not None:
-            tok.write_gguf(w)
-        w.add_string(CKPT_KEY, json.dumps(meta))
-        for k, a in arrays.items():
-            w.add_tensor(k, np.ascontiguousarray(a.reshape(a.shape or (1,))))
-
-
-def load_llama_checkpoint(path):
-    """(LlamaConfig, Tokenizer or None, params, state, meta) of a file save_llama_checkpoint
-    wrote; anything else raises ModelFormatError naming the file."""
-    import gguf
-
-    from ..errors import ModelFormatError
-    from ..formats.gguf import _header
-    from ..models.llama import LlamaConfig
-    from ..models.tokenizer import TOKENIZERS, Tokenizer
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        _header(f, path)                  # every count and extent bounded by the file's size
-    try:
-        r = gguf.GGUFReader(path)
-        md = {k: fl.contents() for k, fl in r.fields.items()}
-        if CKPT_KEY not in md:
-            raise ValueError(f"not a training checkpoint (no {CKPT_KEY}); a model file?")
-        meta = json.loads(md[CKPT_KEY])
-        if not isinstance(meta, dict) or not isinstance(meta.get("shapes"), dict):
-            raise ValueError(f"{CKPT_KEY} is not a jitgraph llama checkpoint's JSON object")
-        for k, kind in (("args", dict), ("calls", int), ("step", int), ("rng", dict),
-                        ("kind", str)):
-            if not isinstance(meta.get(k), kind) or isinstance(meta.get(k), bool):
-                raise ValueError(f"checkpoint field {k!r} is missing or not a {kind.__name__}")
-        shapes = meta["shapes"]
-        params, state, ne = {}, {}, {}
-        for t in r.tensors:
-            if t.name not in shapes:
-                raise ValueError(f"tensor {t.name!r} is not listed in the checkpoint's shapes")
-            a = np.array(t.data).reshape(shapes[t.name])
-            if t.name.startswith(STATE_PREFIX):
-                state[t.name[len(STATE_PREFIX):]] = a
-            else:
-                params[t.name] = a
-                if not t.name.endswith((".lora_a", ".lora_b")):
-                    ne[t.name] = [int(n) for n in t.shape]
-        cfg = LlamaConfig.from_metadata(md, ne)
-        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") in TOKENIZERS else None
-    except (ValueError, TypeError, KeyError) as e:
-        raise ModelFormatError(f"{path}: {e}") from None
-    return cfg, tok, params, state, meta
 
 
 def _sha256(data: bytes) -> str:
