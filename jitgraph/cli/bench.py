@@ -413,10 +413,10 @@ def write_json(path, results: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from jitgraph.cli import _HelpFormatter, _int_at_least
+    from .common import HelpFormatter, int_at_least
     names = ", ".join(load_workloads().WORKLOADS)
     p = argparse.ArgumentParser(
-        prog="jitgraph bench", formatter_class=_HelpFormatter,
+        prog="jitgraph bench", formatter_class=HelpFormatter,
         description="Time compiled training steps fused against unfused on each workload, or "
                     "(--checkpoint-curve) peak memory and step time under each activation "
                     "checkpointing policy, or (--roofline) each kernel's GFLOP/s and GB/s "
@@ -431,7 +431,7 @@ def main(argv=None) -> int:
                         f"figures)")
     p.add_argument("--only", nargs="+", action="extend", metavar="NAME",
                    help=f"run only these workloads (of {names}); default: the whole suite")
-    p.add_argument("--repeat", type=_int_at_least(1), metavar="N",
+    p.add_argument("--repeat", type=int_at_least(1), metavar="N",
                    help="timed steps per configuration; default: 10, 3 with --quick")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--checkpoint-curve", action="store_true",
