@@ -80,7 +80,7 @@ def violations(package, forbidden, allowed=lambda mod, what: False, only=None,
 def test_the_modules_are_found():
     assert {"jitgraph.ir", "jitgraph.registry", "jitgraph.ops", "jitgraph.ops.shape",
             "jitgraph.training", "jitgraph.cli", "jitgraph.formats.gguf",
-            "jitgraph.formats.llama_checkpoint",
+            "jitgraph.formats.llama_checkpoint", "jitgraph.testing.grad", "jitgraph.testing.runner",
             "jitgraph.models.llama"} <= set(modules("jitgraph"))
     assert "jitgraph.passes.pipeline" in modules("jitgraph.passes")
     assert "jitgraph.runtime.executor" in modules("jitgraph.runtime")
