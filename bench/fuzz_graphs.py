@@ -3,7 +3,7 @@
     python bench/fuzz_graphs.py --graphs 200 --seed 1          # ~15-25 min on 2 cores
     python bench/fuzz_graphs.py --minutes 30 --seed 7 --out repros.md
 
-Draws graphs with jitgraph.testing_graphs (every --big-every-th with dims up to 64), compiles
+Draws graphs with jitgraph.testing.fuzz (every --big-every-th with dims up to 64), compiles
 each fused/unfused x planned/naive, runs every program several steps against the float64
 interpreter (train-mode graphs also against finite differences and p - lr * grad), and prints
 the graphs and programs run, the wall time, and each distinct failure shrunk to a runnable
@@ -36,13 +36,13 @@ def main(argv=None):
         a.graphs = 200
     os.environ["JITGRAPH_CACHE_DIR"] = a.cache or tempfile.mkdtemp(prefix="jitgraph_fuzz_")
     os.environ.setdefault("JITGRAPH_CHECK_PLANS", "1")   # verify memory plans, as the tests do
-    from jitgraph import testing_graphs as tg
+    from jitgraph.testing import fuzz
 
     def log(msg):
         if not a.quiet:
             print(msg, flush=True)
     t0 = time.monotonic()
-    s = tg.fuzz(graphs=a.graphs, seed=a.seed, max_steps=a.max_steps, big_every=a.big_every,
+    s = fuzz.fuzz(graphs=a.graphs, seed=a.seed, max_steps=a.max_steps, big_every=a.big_every,
                 time_budget=None if a.minutes is None else 60 * a.minutes,
                 do_shrink=not a.no_shrink, shrink_budget=a.shrink_budget, log=log)
     text = s.report()

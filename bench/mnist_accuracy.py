@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import jitgraph as jg
-from jitgraph.cli.train import evaluate, fit
+from jitgraph.training import evaluate, fit
 from jitgraph.formats import data
 from jitgraph.models import MODELS
 

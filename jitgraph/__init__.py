@@ -4,7 +4,7 @@ The core is this folder's modules (types, registry, ir, ops/, interp, printer, s
 errors, init, optim, training, compiler, testing) with the passes (passes/) and the runtime
 (runtime/); the applications built on it have subpackages of their own: models/ (model
 builders, tokenizer, perplexity), formats/ (GGUF files, data sets) and cli/ (the `jitgraph`
-command, the training loop, benchmarks). The core imports no application (tests/test_layers.py).
+command, benchmarks). The core imports no application (tests/test_layers.py).
 """
 from .runtime.cpu.threading import set_blas_defaults as _set_blas_defaults
 
@@ -39,12 +39,9 @@ def __getattr__(name):
     if name in _MODULES:    # import_module: `from . import x` would recurse here
         import importlib
         return importlib.import_module(f"{__name__}.{_MODULES[name]}")
-    if name == "training_graph":
-        from .training import training_graph
-        return training_graph
-    if name in ("fit", "evaluate"):
-        from .cli import train
-        return getattr(train, name)
+    if name in ("training_graph", "fit", "evaluate"):
+        from . import training
+        return getattr(training, name)
     if name == "compile":
         from .compiler import compile
         return compile

@@ -22,8 +22,9 @@ Policies:
                    budget at the least recomputation: first only cheap ops are recomputed (never
                    a matmul or conv2d while that suffices), cheapest per byte first; then segments
 The automatic policies ignore jg.checkpoint marks (and remove them).
-The memory measure (`arena_peak`) is the arena the rest of the pipeline will plan:
-passes/pipeline.py's `plan` (fuse -> schedule -> memory) with the program's options.
+The memory measure is the caller's `measure(graph) -> arena bytes`: the pipeline hands in the
+arena the rest of it will plan (passes/pipeline.py's `arena_peak`: fuse -> schedule -> memory
+with the program's options), so this pass never runs the pipeline itself.
 """
 from __future__ import annotations
 
@@ -47,24 +48,21 @@ def flops(graph, n) -> int:
     return n.type.size if n.op in LEAF_OPS else op_cost(graph, n).flops
 
 
-def arena_peak(graph, options=None) -> int:
-    """The arena bytes the rest of the pipeline plans for `graph` with `options` (the pipeline's
-    Options; default: fused, planned)."""
-    from .pipeline import Options, plan    # the pipeline runs this pass: imported at use
-    return plan(graph, options or Options()).memory.arena_bytes
-
-
-def checkpoint(graph, policy=None, loss: str = "loss", options=None):
+def checkpoint(graph, policy=None, loss: str = "loss", measure=None):
     """Return (graph with recomputation in the backward, Report). See the module docstring;
-    `options` are the pipeline's Options the program is compiled with (fusion and memory
-    planning change the arena)."""
+    `measure(graph)` gives the arena bytes a candidate graph will be planned (the pipeline's
+    `arena_peak` with the program's options: fusion and memory planning change the arena); every
+    policy but None needs it."""
     kind, arg = _parse(policy)
     g, marked = _strip_marks(graph)
     if kind == "none":
         return g.validate(), Report("checkpoint", {"policy": "none", "marks_removed":
                                                    len(graph.nodes) - len(g.nodes)})
-    fw = _Forward(g, loss, options)
-    peak0 = arena_peak(g, options)
+    if measure is None:
+        raise TypeError(f"checkpoint: policy {policy!r} needs measure=<graph -> arena bytes>, "
+                        f"e.g. jitgraph.passes.pipeline.arena_peak")
+    fw = _Forward(g, loss, measure)
+    peak0 = measure(g)
     if kind == "marks":
         plan = fw.candidates - marked
     elif kind == "sqrt":
@@ -122,11 +120,11 @@ class Cost(NamedTuple):
 class _Forward:
     """The forward/backward split of a training graph and the plans over it."""
 
-    def __init__(self, g, loss, options=None):
+    def __init__(self, g, loss, measure):
         if loss not in g.outputs:
             raise ValueError(f"checkpoint: graph {g.name} has no output {loss!r} (outputs: "
                              f"{', '.join(g.outputs) or 'none'}); run it after autodiff")
-        self.g, self.live, self.options = g, live_nodes(g), options
+        self.g, self.live, self.measure = g, live_nodes(g), measure
         fwd, todo = set(), [g.outputs[loss]]
         while todo:
             i = todo.pop()
@@ -207,7 +205,7 @@ class _Forward:
             nodes = [self.g.nodes[i] for i in origin.values()]
             self._cache[key] = Cost(any(expensive(n) for n in nodes),
                                     sum(flops(self.g, n) for n in nodes),
-                                    arena_peak(out, self.options))
+                                    self.measure(out))
         return self._cache[key]
 
     def _running_bytes(self):
@@ -320,7 +318,7 @@ class _Forward:
 def _report(policy, fw, out, clones, peak0):
     g = fw.g
     extra = sum(flops(g, g.nodes[i]) for i in clones.values())
-    peak = arena_peak(out, fw.options)
+    peak = fw.measure(out)
     rep = Report("checkpoint", {
         "policy": policy, "activations": len(fw.acts),
         "activation_bytes": sum(g.nodes[i].type.nbytes for i in fw.acts),

@@ -20,7 +20,7 @@ Stages and their switches (jitgraph.compile arguments):
               memory and the backend's driver follow
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
   checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
-              passes/checkpoint.py), measuring each candidate with `plan` below
+              passes/checkpoint.py), measuring each candidate with `arena_peak` below
 then the plan of the finished graph (`plan`: the same four stages with the same options
 wherever the arena is measured):
   views       on a backend whose kinds name "window" (the CPU): contiguous slices become
@@ -109,7 +109,7 @@ def _simplify(st):
 
 def _checkpoint(st):
     st.graph, rep = checkpoint(st.graph, st.options.checkpoint, loss=st.options.loss or "loss",
-                               options=st.options)
+                               measure=lambda g: arena_peak(g, st.options))
     return rep
 
 
@@ -188,8 +188,14 @@ def _run(st, stages, record=False) -> State:
 
 def plan(graph, options: Options) -> State:
     """fuse -> schedule -> memory over a finished graph with `options`: the kernels and memory
-    plan the pipeline ends with, and what passes/checkpoint.py measures its candidates by."""
+    plan the pipeline ends with."""
     return _run(State(graph, options), PLAN_STAGES)
+
+
+def arena_peak(graph, options=None) -> int:
+    """The arena bytes the rest of the pipeline plans for `graph` with `options` (default:
+    fused, planned): what passes/checkpoint.py measures its candidates by."""
+    return plan(graph, options or Options()).memory.arena_bytes
 
 
 def run_pipeline(graph, options: Options) -> State:

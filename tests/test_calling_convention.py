@@ -10,7 +10,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph import interp
-from jitgraph import testing_graphs as tg
+from jitgraph.testing import fuzz, runner
 from jitgraph.passes.memory_check import check_plan
 from jitgraph.types import ShapeError
 
@@ -325,10 +325,10 @@ class _Checked:
 def test_random_graphs_never_write_their_inputs():
     cases, i = [], 0
     while len(cases) < 6:
-        c = tg.case_at(16, i)
+        c = fuzz.case_at(16, i)
         i += 1
         if c is not None:
             cases.append(c)
     for c in cases:
-        tg.check_case(c, steps=3, grad_check=False, raise_on_fail=True,
-                      compile_fn=lambda case, fuse, plan: _Checked(tg._compile(case, fuse, plan)))
+        runner.check_case(c, steps=3, grad_check=False, raise_on_fail=True,
+                      compile_fn=lambda case, fuse, plan: _Checked(runner._compile(case, fuse, plan)))

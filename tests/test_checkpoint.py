@@ -12,6 +12,7 @@ from jitgraph.passes.autodiff import grad
 from jitgraph.passes import checkpoint as ckpt
 from jitgraph.passes.checkpoint import flops
 from jitgraph.passes.optimizer import apply_optimizer
+from jitgraph.passes import pipeline
 from jitgraph.passes.pipeline import Options
 from jitgraph.passes.simplify import simplify
 from jitgraph.testing import check_grad
@@ -26,11 +27,11 @@ UNFUSED = Options(fuse=False)
 
 
 def checkpoint(g, policy):
-    return ckpt.checkpoint(g, policy, options=UNFUSED)
+    return ckpt.checkpoint(g, policy, measure=arena_peak)
 
 
 def arena_peak(g):
-    return ckpt.arena_peak(g, UNFUSED)
+    return pipeline.arena_peak(g, UNFUSED)
 
 
 def mlp(layers=16, width=64, batch=256, dtype="f64", mark_every=0, act=jg.relu):
@@ -160,11 +161,11 @@ def test_sqrt_keeps_the_cuts_an_exhaustive_search_keeps():
     outputs of layers 3, 5, 7 and 8 reaches 25,536: one activation, 4,096 B, of room left.)"""
     w = WORKLOADS["deep_mlp"](scale=1 / 32, layers=8)
     g = trained(w.graph, w.optimizer)
-    _, rep = ckpt.checkpoint(g, "sqrt")
-    fw = ckpt._Forward(g, "loss")
+    _, rep = ckpt.checkpoint(g, "sqrt", measure=pipeline.arena_peak)
+    fw = ckpt._Forward(g, "loss", pipeline.arena_peak)
     pre = [i for i in fw.acts if g.nodes[i].op == "relu" and i in fw.candidates]
     assert len(pre) == 8
-    least = min(ckpt.arena_peak(fw.rebuild(fw.candidates - set(keep))[0])
+    least = min(pipeline.arena_peak(fw.rebuild(fw.candidates - set(keep))[0])
                 for r in range(1, 5) for keep in itertools.combinations(pre, r))
     assert rep.stats["peak_after"] <= least + g.nodes[pre[0]].type.nbytes, str(rep)
 

@@ -15,10 +15,11 @@ import pytest
 
 import jitgraph as jg
 from jitgraph import cli
+from jitgraph.cli import common
 from jitgraph.formats import gguf as gguf_io
 from jitgraph.formats.data import Dataset, load_mnist, synthetic_digits
 from jitgraph.models import MODELS
-from jitgraph.cli.train import evaluate
+from jitgraph.training import evaluate
 
 TINY = ["--n-train", "200", "--val-split", "0", "--n-test", "100", "--quiet"]
 
@@ -270,7 +271,7 @@ def test_help_shows_every_default_and_no_internal_references(capsys):
 
 
 def test_ctrl_c_then_resume_ignoring_options(tmp_path, capsys, monkeypatch):
-    from jitgraph.cli.train import Trainer
+    from jitgraph.training import Trainer
     ck = tmp_path / "ck.gguf"
     real = Trainer.run_one_epoch
 
@@ -333,17 +334,17 @@ def test_compile_progress_bar_only_on_a_terminal(capsys, monkeypatch):
     class Args:
         quiet = False
 
-    with cli._compile_progress(Args, "m"):
+    with common.compile_progress(Args, "m"):
         assert cache._progress is None              # stderr is not a terminal here
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    with cli._compile_progress(Args, "m"):
+    with common.compile_progress(Args, "m"):
         cache._progress(0, 4)
         time.sleep(0.6)                             # the bar shows after half a second
         cache._progress(3, 4)
     assert cache._progress is None
     assert "compiling m" in capsys.readouterr().err
     Args.quiet = True
-    with cli._compile_progress(Args, "m"):
+    with common.compile_progress(Args, "m"):
         assert cache._progress is None
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph import cli
-from jitgraph.cli import bench, llama_train
+from jitgraph.cli import bench, common, llama_train
 from jitgraph.formats.paths import check_not_inputs, check_writable
 from jitgraph.models.llama import LlamaConfig, llama_forward, read_llama, write_llama
 from jitgraph.models.text import byte_vocab
@@ -177,7 +177,7 @@ def _interrupt_at(monkeypatch, cls, method, when, signum=signal.SIGINT):
 def test_train_llama_writes_out_when_interrupted(tmp_path, capsys, monkeypatch, signum, code):
     out = tmp_path / "m.gguf"
     _interrupt_at(monkeypatch, llama_train.LMTrainer, "train_step", 3, signum)
-    old = signal.signal(signal.SIGTERM, cli._raise_terminated)
+    old = signal.signal(signal.SIGTERM, common.raise_terminated)
     try:
         rc = cli.main(["train", "llama", *TINY, "--steps", "1000", "--out", str(out)])
     finally:
@@ -262,15 +262,15 @@ def test_available_memory_reads_the_system():
 # ---- 7. Ctrl-C always works --------------------------------------------------------------------
 _SLEEPER = textwrap.dedent("""
     import ctypes, signal, sys
-    from jitgraph import cli
-    signal.signal(signal.SIGTERM, cli._raise_terminated)
+    from jitgraph.cli import common
+    signal.signal(signal.SIGTERM, common.raise_terminated)
     libc = ctypes.CDLL(None)
     print("ready", flush=True)
     try:
-        cli.in_worker(libc.sleep, 120)      # a native call of two minutes that releases the GIL
+        common.in_worker(libc.sleep, 120)      # a native call of two minutes that releases the GIL
     except KeyboardInterrupt:
         sys.exit(130)
-    except cli.Terminated:
+    except common.Terminated:
         sys.exit(143)
 """)
 

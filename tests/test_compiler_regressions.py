@@ -193,7 +193,7 @@ def test_large_reduction_over_no_axes(fuse, plan):
     check(g, fuse, plan, steps=2)
 
 
-# ---- found by the random-graph tester (jitgraph/testing_graphs.py) ---------------------------
+# ---- found by the random-graph tester (jitgraph/testing/) ---------------------------
 VIEWS_OF_A_SCALAR = {
     "transpose": lambda x: x.T,                        # the interpreter returned shape (1,)
     "slice": lambda x: jg.slice(x),                    # did not compile (lib_shape.slice)

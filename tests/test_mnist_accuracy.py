@@ -9,7 +9,7 @@ import pytest
 import jitgraph as jg
 from jitgraph.formats import data
 from jitgraph.models import MODELS
-from jitgraph.cli.train import evaluate, fit
+from jitgraph.training import evaluate, fit
 
 
 @pytest.mark.slow

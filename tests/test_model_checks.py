@@ -19,6 +19,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph import cli
+from jitgraph.cli import llama as llama_cli
 from jitgraph.errors import ModelFormatError, NonFiniteError
 from jitgraph.formats.gguf import gguf_writer
 from jitgraph.models.generate import Generator
@@ -326,11 +327,11 @@ def test_control_characters_are_escaped_on_a_terminal_only(tmp_path, vocab):
 
 def test_terminal_escapes_cover_c0_del_c1_and_undecodable_bytes():
     text = "".join(map(chr, range(0xA1))) + "\u2581\u00e9"
-    shown = cli._for_terminal(text)
+    shown = llama_cli._for_terminal(text)
     assert shown == "".join(c if c in "\t\n" or 0x20 <= ord(c) < 0x7F or ord(c) >= 0xA0
                             else f"\\x{ord(c):02x}" for c in text)
     raw = b"a\x9b\xc3(".decode("utf-8", "surrogateescape")     # argv's undecodable bytes
-    assert cli._for_terminal(raw) == "a\\x9b\\xc3("
+    assert llama_cli._for_terminal(raw) == "a\\x9b\\xc3("
 
 
 @pytest.mark.parametrize("cmd", ["generate", "perplexity"])

@@ -1,6 +1,6 @@
 """Random graphs compiled fused/unfused x planned/naive against the float64 interpreter
 (issues 13 and 14). The generator, runner, triage and shrinker live in
-jitgraph/testing_graphs.py; the long profile is `python bench/fuzz_graphs.py`.
+jitgraph/testing/; the long profile is `python bench/fuzz_graphs.py`.
 
 - test_generator_covers_the_bug_shapes: the CI run's graphs (drawn, not compiled) contain
   every shape that broke the compiler before (fast).
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 
 import jitgraph as jg
-from jitgraph import testing_graphs as tg
+from jitgraph.testing import features, fuzz, generator, reference, runner, shrink
 
 CI_SEED = 14
 CI_GRAPHS = 48
@@ -47,7 +47,7 @@ def ci_cases():
     out = []
     i = 0
     while len(out) < CI_GRAPHS:
-        c = tg.case_at(CI_SEED, i)
+        c = fuzz.case_at(CI_SEED, i)
         i += 1
         if c is not None:
             out.append(c)
@@ -58,22 +58,22 @@ def test_generator_covers_the_bug_shapes():
     cases = ci_cases()
     seen = set()
     for c in cases:
-        seen |= tg.features(c.graph)
+        seen |= features.features(c.graph)
     missing = (BUG_SHAPES | SCOPE) - seen
     assert not missing, f"the CI run's graphs never contain: {sorted(missing)}"
     modes = {c.mode for c in cases}
     assert modes == {"forward", "train"}
     # size-1 axes and the no-op / constant forms are common, not one-offs
-    counts = {f: sum(f in tg.features(c.graph) for c in cases) for f in BUG_SHAPES}
+    counts = {f: sum(f in features.features(c.graph) for c in cases) for f in BUG_SHAPES}
     assert min(counts.values()) >= 1, counts
 
 
 def test_generator_is_deterministic():
-    a, b = tg.case_at(3, 5), tg.case_at(3, 5)
+    a, b = fuzz.case_at(3, 5), fuzz.case_at(3, 5)
     assert a.graph.fingerprint() == b.graph.fingerprint()
-    assert tg.feeds_for(a, 1).keys() == tg.feeds_for(b, 1).keys()
-    for k, v in tg.feeds_for(a, 1).items():
-        np.testing.assert_array_equal(v, tg.feeds_for(b, 1)[k])
+    assert generator.feeds_for(a, 1).keys() == generator.feeds_for(b, 1).keys()
+    for k, v in generator.feeds_for(a, 1).items():
+        np.testing.assert_array_equal(v, generator.feeds_for(b, 1)[k])
 
 
 # ---- stand-in compilers -------------------------------------------------------------------
@@ -83,7 +83,7 @@ class InterpProgram:
 
     def __init__(self, case, bug=None):
         self.case, self.bug = case, bug
-        self.g32, _ = tg._reference_graphs(case)
+        self.g32, _ = reference._reference_graphs(case)
         init = case.graph.init_params(0)
         self.params = dict(init)
         self.state = {k: v for k, v in self.g32.init_params(0).items() if k not in init}
@@ -93,7 +93,7 @@ class InterpProgram:
         feeds = {k: np.nextafter(v, np.float32(np.inf)) if v.dtype.kind == "f" else v
                  for k, v in feeds.items()}
         allp = {**self.params, **self.state}
-        out = jg.interp.run(self.g32, {**feeds, **tg._runtime(self.case, self.calls)}, allp)
+        out = jg.interp.run(self.g32, {**feeds, **reference._runtime(self.case, self.calls)}, allp)
         out = {k: np.array(v) for k, v in out.items() if k in self.case.graph.outputs}
         for k in self.params:
             self.params[k] = allp[k]
@@ -122,7 +122,7 @@ def interp_compiler(bug=None):
 def test_triage_passes_float32_rounding_on_random_graphs():
     bad = []
     for c in ci_cases()[:20]:
-        r = tg.check_case(c, configs=[(True, True)], grad_check=False,
+        r = runner.check_case(c, configs=[(True, True)], grad_check=False,
                           compile_fn=interp_compiler())
         bad += [f"{c.label}: {f}" for f in r.failures]
     assert not bad, "\n".join(bad)
@@ -134,16 +134,16 @@ def test_triage_passes_ill_conditioned_sums_and_flags_real_errors():
     big = x * 1000.0 + 3000.0
     g.output(c=jg.sum(big - jg.mean(big, axis=-1, keepdims=True), axis=-1),   # ~0, cancelling
              s=jg.sum(big, axis=-1))
-    case = tg.Case(g)
-    g32, g64 = tg._reference_graphs(case)
-    feeds = tg.feeds_for(case, 0)
-    ref, spread = tg.reference(g64, tg._to64(feeds), {}, g32=g32)
+    case = generator.Case(g)
+    g32, g64 = reference._reference_graphs(case)
+    feeds = generator.feeds_for(case, 0)
+    ref, spread = reference.reference(g64, reference._to64(feeds), {}, g32=g32)
     absx = np.abs(feeds["x"].astype(np.float64) * 1000.0) + 3000.0
-    naive = 64 * tg.U32 * absx.sum(-1)          # a sequential float32 sum's error bound / 1
+    naive = 64 * reference.U32 * absx.sum(-1)          # a sequential float32 sum's error bound / 1
     for k in ("c", "s"):
-        assert not tg.compare(ref[k] + 0.5 * naive, ref[k], spread[k])[0].any(), k
-    assert tg.compare(ref["s"] * 1.001, ref["s"], spread["s"])[0].all()
-    assert tg.compare(ref["c"] + 50.0, ref["c"], spread["c"])[0].all()  # far beyond rounding
+        assert not reference.compare(ref[k] + 0.5 * naive, ref[k], spread[k])[0].any(), k
+    assert reference.compare(ref["s"] * 1.001, ref["s"], spread["s"])[0].all()
+    assert reference.compare(ref["c"] + 50.0, ref["c"], spread["c"])[0].all()  # far beyond rounding
 
 
 @pytest.mark.parametrize("bug", ["param output after update", "zeros", "stale", "1e-3"])
@@ -155,7 +155,7 @@ def test_triage_flags_planted_bugs(bug):
                 g.nodes[i].op == "param" and g.nodes[i].attr["name"] in (
                     g.updates if c.mode == "forward" else g.params) for i in g.outputs.values()):
             continue
-        r = tg.check_case(c, configs=[(True, True)], grad_check=False,
+        r = runner.check_case(c, configs=[(True, True)], grad_check=False,
                           compile_fn=interp_compiler(bug))
         if bug in ("stale", "zeros", "1e-3") and not r.failures:
             continue          # an output that is constant / zero / integer: nothing to plant
@@ -179,16 +179,16 @@ def test_shrinker_reduces_to_a_minimal_repro():
                     g.nodes[n.inputs[0]].op not in ("input", "param"):
                 raise KeyError(n.id)
         return InterpProgram(case)
-    case = next(c for c in ci_cases() if "mean over size-1 axes" in tg.features(c.graph))
-    r = tg.check_case(case, grad_check=False, compile_fn=crashing)
+    case = next(c for c in ci_cases() if "mean over size-1 axes" in features.features(c.graph))
+    r = runner.check_case(case, grad_check=False, compile_fn=crashing)
     assert [f.config for f in r.failures] == [(True, True), (True, False)]
     f = r.failures[0]
-    small, sf, steps = tg.shrink(case, f, budget_s=60, compile_fn=crashing)
+    small, sf, steps = shrink.shrink(case, f, budget_s=60, compile_fn=crashing)
     computed = [n for n in small.graph.nodes if n.op not in ("input", "param")]
     assert len(computed) <= 3, str(small.graph)
     assert [n.op for n in computed][-1] == "mean"
     assert small.mode == "forward" and steps == 1 and sf.signature() == f.signature()
-    code = tg.to_python(small, sf, steps)
+    code = shrink.to_python(small, sf, steps)
     assert "check_case(case, configs=[(True, True)], steps=1" in code
     env = {}
     exec(code.split("case = Case(")[0], env)          # builds g, does not run it
@@ -201,7 +201,7 @@ def test_repro_runs_against_the_compiler():
     c = g.param("c", (2, 3), init=jg.init.normal(0.0, 1.0), trainable=False)
     g.update(c=c + x)
     g.output(c_now=c, s=jg.sum(jg.exp(x), axis=()))
-    code = tg.to_python(tg.Case(g), steps=2, configs=[(True, True)])
+    code = shrink.to_python(generator.Case(g), steps=2, configs=[(True, True)])
     exec(code, {})                                    # raises if the program is wrong
 
 
@@ -212,7 +212,7 @@ def _fail_with_repros(failures):
 
 @pytest.mark.slow
 def test_seeded_random_graphs():
-    s = tg.fuzz(graphs=CI_GRAPHS, seed=CI_SEED, shrink_budget=60)
+    s = fuzz.fuzz(graphs=CI_GRAPHS, seed=CI_SEED, shrink_budget=60)
     if s.failures:
         _fail_with_repros([s.report()])
     assert s.graphs == CI_GRAPHS and s.programs == 4 * CI_GRAPHS
@@ -226,11 +226,11 @@ def test_hypothesis_random_graphs(data):
     """Hypothesis draws every choice of the generator; fused and unfused programs (planned
     and naive memory) must match the interpreter. On failure our shrinker (not hypothesis's,
     which would recompile for every step) prints the repro."""
-    case = tg.generate(tg.HypothesisChooser(data), max_steps=6)
+    case = generator.generate(generator.HypothesisChooser(data), max_steps=6)
     assume(case is not None)
-    r = tg.check_case(case, configs=((True, True), (False, False)))
+    r = runner.check_case(case, configs=((True, True), (False, False)))
     if r.failures:
         f = r.failures[0]
-        small, sf, steps = tg.shrink(case, f, budget_s=60)
+        small, sf, steps = shrink.shrink(case, f, budget_s=60)
         _fail_with_repros([str(x) for x in r.failures] +
-                          ["shrunk repro:\n" + tg.to_python(small, sf, steps)])
+                          ["shrunk repro:\n" + shrink.to_python(small, sf, steps)])

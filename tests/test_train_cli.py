@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jitgraph import cli
-from jitgraph.cli.train import Result
+from jitgraph.training import Result
 
 SMALL = ["--n-train", "3000", "--n-test", "1000", "--quiet", "--json"]
 

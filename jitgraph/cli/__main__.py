@@ -1,6 +1,6 @@
 """`python -m jitgraph.cli`: the `jitgraph` command."""
 import sys
 
-from . import main
+from .main import main
 
 sys.exit(main())

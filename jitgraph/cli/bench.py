@@ -30,12 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .report import describe_environment, environment, table
 
 BUDGETS = (0.75, 0.5, 0.35)       # checkpoint budgets, as fractions of the unchecked peak
 QUICK_SCALE = 0.25                # --quick: every workload at a quarter of its size
@@ -306,13 +307,6 @@ def _pair(row, key, fmt):
     return f"{fmt(row['unfused'][key])} -> {fmt(row['fused'][key])}"
 
 
-def _table(header, lines) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in [header, *lines])
-
-
 def format_fusion(rows) -> str:
     lines, errors, slower, median_only = [], [], [], []
     for r in rows:
@@ -335,7 +329,7 @@ def format_fusion(rows) -> str:
                       _pair(r, "bytes_moved", _mb)])
     header = ["workload", "unfused ms", "fused ms", "ratio", "best", "gemm ms", "bound",
               "kernels", "bytes moved"]
-    return "\n".join([_table(header, lines), *[f"FAILED {e}" for e in errors],
+    return "\n".join([table(header, lines), *[f"FAILED {e}" for e in errors],
                       *([f"FUSED SLOWER than unfused: {', '.join(slower)}"] if slower else []),
                       *([f"fused slower in the median only, faster at best (a busy host? run "
                          f"again): {', '.join(median_only)}"] if median_only else [])])
@@ -352,7 +346,7 @@ def format_safety(rows) -> str:
                       _mb(r["finite"]["arena_bytes"] - r["unchecked"]["arena_bytes"])])
     header = ["workload", "unchecked ms", "+indices ms", "+check_finite ms", "indices",
               "check_finite", "arena +"]
-    return _table(header, lines)
+    return table(header, lines)
 
 
 def _policy(row):
@@ -370,36 +364,7 @@ def format_curve(rows) -> str:
                       f"{100 * r['peak_vs_none']:.0f}%", _ms(r["median_s"]),
                       f"{r['time_vs_none']:.2f}x", ""])
     header = ["workload", "checkpoint", "peak arena", "vs none", "step ms", "vs none", "error"]
-    return _table(header, lines)
-
-
-def environment() -> dict:
-    """What the figures depend on: versions, cores, thread settings, the thread pools (BLAS
-    kernels, OpenMP) threadpoolctl sees."""
-    import numba
-    import numpy
-    from threadpoolctl import threadpool_info
-    keys = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER",
-            "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "JITGRAPH_NUM_THREADS")
-    from jitgraph.runtime.cpu import blas
-    return {"argv": sys.argv, "python": platform.python_version(), "numpy": numpy.__version__,
-            "gemm": {"backend": blas.BACKEND, "library": blas.LIBRARY},
-            "numba": numba.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
-            "env": {k: os.environ.get(k) for k in keys},
-            "threadpools": [{k: i.get(k) for k in ("internal_api", "version", "architecture",
-                                                    "num_threads", "filepath")}
-                            for i in threadpool_info()]}
-
-
-def describe_environment(env) -> str:
-    pools = ", ".join(" ".join(str(b[k]) for k in ("internal_api", "version", "architecture")
-                               if b[k]) + f" x{b['num_threads']}" for b in env["threadpools"])
-    line = f"# {env['cpus']} cpus, numba {env['numba']}, numpy {env['numpy']}; " \
-           f"GEMMs: {env['gemm']['backend']}'s OpenBLAS; thread pools: {pools or 'none loaded'}"
-    if env["env"]["OPENBLAS_CORETYPE"] or env["env"]["OPENBLAS_L2_SIZE"]:
-        line += ("\n# note: OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are set (slower sgemm); "
-                 "run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` as on a user's machine")
-    return line
+    return table(header, lines)
 
 
 def check_json_output(path) -> None:
@@ -448,10 +413,10 @@ def write_json(path, results: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from jitgraph.cli import _HelpFormatter, _int_at_least
+    from .common import HelpFormatter, int_at_least
     names = ", ".join(load_workloads().WORKLOADS)
     p = argparse.ArgumentParser(
-        prog="jitgraph bench", formatter_class=_HelpFormatter,
+        prog="jitgraph bench", formatter_class=HelpFormatter,
         description="Time compiled training steps fused against unfused on each workload, or "
                     "(--checkpoint-curve) peak memory and step time under each activation "
                     "checkpointing policy, or (--roofline) each kernel's GFLOP/s and GB/s "
@@ -466,7 +431,7 @@ def main(argv=None) -> int:
                         f"figures)")
     p.add_argument("--only", nargs="+", action="extend", metavar="NAME",
                    help=f"run only these workloads (of {names}); default: the whole suite")
-    p.add_argument("--repeat", type=_int_at_least(1), metavar="N",
+    p.add_argument("--repeat", type=int_at_least(1), metavar="N",
                    help="timed steps per configuration; default: 10, 3 with --quick")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--checkpoint-curve", action="store_true",

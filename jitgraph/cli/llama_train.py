@@ -8,10 +8,9 @@ the first 90 % of the text's bytes, validation on 20 fixed batches of windows fr
 end of the running step: the checkpoint (and for finetune the output) is saved, then the command
 exits 130 / 143.
 
-A llama training checkpoint is a GGUF file with the model's llama.* and tokenizer metadata, every
-param under its name, the optimizer state as `state.<name>` tensors and a JSON object under
-`jitgraph.checkpoint`: the options that shape the run, the program's call count, the window
-sampler's RNG state, the step and the loss curve. Resuming restores all of it, so k steps, a
+A llama training checkpoint (jitgraph/formats/llama_checkpoint.py) holds the options that shape
+the run, the program's call count, the window sampler's RNG state, the step and the loss curve
+besides the params and the optimizer state. Resuming restores all of it, so k steps, a
 checkpoint and N - k more steps give bitwise the params of N steps straight.
 
 Under `mpiexec -n N` both commands train data-parallel (jitgraph/distributed.py, as `train
@@ -43,14 +42,13 @@ import time
 
 import numpy as np
 
+from ..formats.llama_checkpoint import load_llama_checkpoint, save_llama_checkpoint
 from ..lora import SHORTHANDS
-from . import (EXIT_INTERRUPT, EXIT_TERMINATED, Terminated, _check_model_file, _compile_progress,
-               _float_in, _int_at_least, _Run, _say, _warn, add_compile_flags,
-               add_threads_flag, adopt_resumed, apply_threads, check_outputs, compile_target,
-               note_unsaved)
+from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compile_flags,
+                     add_threads_flag, adopt_resumed, apply_threads, check_model_file,
+                     check_outputs, compile_progress, compile_target, float_in, int_at_least,
+                     note_unsaved, say, warn)
 
-CKPT_KEY = "jitgraph.checkpoint"
-STATE_PREFIX = "state."
 VAL_BATCHES = 20
 # `train llama` options a checkpoint records: --resume continues with these
 TRAIN_RESUMED = ("text", "vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx",
@@ -159,31 +157,31 @@ def _loop_options(p, steps):
                    help="UTF-8 text to train on: its first 90 %% of bytes train, the last 10 %% "
                         "validate; default: the tiny-shakespeare slice shipped with jitgraph "
                         "(262 KB, public domain)")
-    p.add_argument("--batch-size", type=_int_at_least(1), default=DEFAULTS["batch_size"],
+    p.add_argument("--batch-size", type=int_at_least(1), default=DEFAULTS["batch_size"],
                    metavar="B", help="windows per compiled step")
-    p.add_argument("--logical-batch", type=_int_at_least(1), default=None, metavar="L",
+    p.add_argument("--logical-batch", type=int_at_least(1), default=None, metavar="L",
                    help="windows per optimizer step, a multiple of --batch-size (gradient "
                         "accumulation over L/B compiled steps); default: the batch size")
-    p.add_argument("--steps", type=_int_at_least(1), default=steps, metavar="N",
+    p.add_argument("--steps", type=int_at_least(1), default=steps, metavar="N",
                    help="optimizer steps in all (with --resume: counting the checkpoint's)")
-    p.add_argument("--lr", type=_float_in(0, lo_open=True), default=1e-3,
+    p.add_argument("--lr", type=float_in(0, lo_open=True), default=1e-3,
                    help="AdamW learning rate (constant)")
-    p.add_argument("--weight-decay", type=_float_in(0), default=0.0, metavar="WD",
+    p.add_argument("--weight-decay", type=float_in(0), default=0.0, metavar="WD",
                    help="AdamW's decoupled weight decay")
-    p.add_argument("--eval-every", type=_int_at_least(1), default=100, metavar="N",
+    p.add_argument("--eval-every", type=int_at_least(1), default=100, metavar="N",
                    help=f"validate every N steps and at the end: the mean loss of {VAL_BATCHES} "
                         f"fixed batches of held-out windows")
     p.add_argument("--recompute", type=recompute_spec, default=None, metavar="POLICY",
                    help="gradient checkpointing: sqrt, budget:BYTES (e.g. budget:64M) or "
                         "budget:F (a fraction of the arena without it); default: keep every "
                         "activation")
-    p.add_argument("--seed", type=_int_at_least(0), default=0, metavar="S",
+    p.add_argument("--seed", type=int_at_least(0), default=0, metavar="S",
                    help="seed of the initial weights, the training windows and the validation "
                         "windows")
     p.add_argument("--checkpoint", metavar="CKPT.gguf",
                    help="save a resumable training checkpoint every --save-every steps, at the "
                         "end and on Ctrl-C; default: none")
-    p.add_argument("--save-every", type=_int_at_least(1), default=100, metavar="N",
+    p.add_argument("--save-every", type=int_at_least(1), default=100, metavar="N",
                    help="steps between saves")
     p.add_argument("--resume", metavar="CKPT.gguf",
                    help="continue a checkpointed run bit for bit, with the checkpoint's "
@@ -201,19 +199,19 @@ def add_train_llama(p):
     p.add_argument("--vocab", type=vocab_spec, default="byte", metavar="byte|N",
                    help="byte: one token per byte (354 tokens, SentencePiece format); N: a "
                         "vocabulary of N tokens learned from the training text by BPE")
-    p.add_argument("--dim", type=_int_at_least(2), default=d["dim"], metavar="D",
+    p.add_argument("--dim", type=int_at_least(2), default=d["dim"], metavar="D",
                    help="model width (embedding length)")
-    p.add_argument("--layers", type=_int_at_least(1), default=d["layers"], metavar="N",
+    p.add_argument("--layers", type=int_at_least(1), default=d["layers"], metavar="N",
                    help="transformer blocks")
-    p.add_argument("--heads", type=_int_at_least(1), default=d["heads"], metavar="H",
+    p.add_argument("--heads", type=int_at_least(1), default=d["heads"], metavar="H",
                    help="attention heads (the head size D/H must be even, for rope)")
-    p.add_argument("--kv-heads", type=_int_at_least(1), default=None, metavar="H",
+    p.add_argument("--kv-heads", type=int_at_least(1), default=None, metavar="H",
                    help="key/value heads, dividing --heads (grouped-query attention); default: "
                         "--heads")
-    p.add_argument("--ff", type=_int_at_least(1), default=None, metavar="F",
+    p.add_argument("--ff", type=int_at_least(1), default=None, metavar="F",
                    help="feed-forward width; default: llama's 8D/3 rounded up to 32 (352 for "
                         "width 128)")
-    p.add_argument("--ctx", type=_int_at_least(2), default=d["ctx"], metavar="C",
+    p.add_argument("--ctx", type=int_at_least(2), default=d["ctx"], metavar="C",
                    help="context: tokens per training window (and the model's context length)")
     _loop_options(p, steps=1000)
     p.add_argument("--out", metavar="MODEL.gguf",
@@ -228,19 +226,19 @@ def add_finetune(p):
                    help="the llama model to finetune (llama.cpp's GGUF layout, with its "
                         "tokenizer)")
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--lora-rank", type=_int_at_least(1), default=None, metavar="R",
+    how.add_argument("--lora-rank", type=int_at_least(1), default=None, metavar="R",
                      help="train LoRA adapters of rank R on a frozen base; the output is a "
                           "llama.cpp LoRA adapter GGUF")
     how.add_argument("--full", action="store_true",
                      help="train every weight; the output is a complete model GGUF")
-    p.add_argument("--lora-alpha", type=_float_in(0, lo_open=True), default=None, metavar="A",
+    p.add_argument("--lora-alpha", type=float_in(0, lo_open=True), default=None, metavar="A",
                    help="LoRA scale alpha (the update is alpha/R * B A x); default: R")
     p.add_argument("--lora-targets", type=targets_spec, default="q,v", metavar="LIST",
                    help=f"projections that get adapters, among {','.join(LORA_TARGETS)}")
-    p.add_argument("--ctx", type=_int_at_least(2), default=128, metavar="C",
+    p.add_argument("--ctx", type=int_at_least(2), default=128, metavar="C",
                    help="tokens per training window and per perplexity chunk")
     _loop_options(p, steps=300)
-    p.add_argument("--ppl-chunks", type=_int_at_least(2), default=None, metavar="N",
+    p.add_argument("--ppl-chunks", type=int_at_least(2), default=None, metavar="N",
                    help="score at most N chunks of the held-out split in the perplexity before "
                         "and after (faster, less precise); default: every chunk")
     p.add_argument("--no-ppl", action="store_true",
@@ -256,66 +254,6 @@ def add_dump_options(p):
     p.add_argument("--program", choices=("train", "prefill", "decode"), default="train",
                    help="llama only: the training step, or generation's prompt (prefill) or "
                         "one-token (decode) program")
-
-
-# ---- checkpoints -------------------------------------------------------------------------------
-def save_llama_checkpoint(path, cfg, tok, params: dict, state: dict, meta: dict) -> None:
-    """A llama training checkpoint (see the module docstring), written atomically."""
-    from ..formats.gguf import gguf_writer
-    arrays = {k: np.asarray(v) for k, v in params.items()}
-    arrays.update({STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
-    meta = {**meta, "shapes": {k: list(a.shape) for k, a in arrays.items()}}
-    with gguf_writer(path, cfg.arch) as w:
-        w.add_name("jitgraph training checkpoint")
-        cfg.to_gguf(w)
-        if tok is not None:
-            tok.write_gguf(w)
-        w.add_string(CKPT_KEY, json.dumps(meta))
-        for k, a in arrays.items():
-            w.add_tensor(k, np.ascontiguousarray(a.reshape(a.shape or (1,))))
-
-
-def load_llama_checkpoint(path):
-    """(LlamaConfig, Tokenizer or None, params, state, meta) of a file save_llama_checkpoint
-    wrote; anything else raises ModelFormatError naming the file."""
-    import gguf
-
-    from ..errors import ModelFormatError
-    from ..formats.gguf import _header
-    from ..models.llama import LlamaConfig
-    from ..models.tokenizer import TOKENIZERS, Tokenizer
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        _header(f, path)                  # every count and extent bounded by the file's size
-    try:
-        r = gguf.GGUFReader(path)
-        md = {k: fl.contents() for k, fl in r.fields.items()}
-        if CKPT_KEY not in md:
-            raise ValueError(f"not a training checkpoint (no {CKPT_KEY}); a model file?")
-        meta = json.loads(md[CKPT_KEY])
-        if not isinstance(meta, dict) or not isinstance(meta.get("shapes"), dict):
-            raise ValueError(f"{CKPT_KEY} is not a jitgraph llama checkpoint's JSON object")
-        for k, kind in (("args", dict), ("calls", int), ("step", int), ("rng", dict),
-                        ("kind", str)):
-            if not isinstance(meta.get(k), kind) or isinstance(meta.get(k), bool):
-                raise ValueError(f"checkpoint field {k!r} is missing or not a {kind.__name__}")
-        shapes = meta["shapes"]
-        params, state, ne = {}, {}, {}
-        for t in r.tensors:
-            if t.name not in shapes:
-                raise ValueError(f"tensor {t.name!r} is not listed in the checkpoint's shapes")
-            a = np.array(t.data).reshape(shapes[t.name])
-            if t.name.startswith(STATE_PREFIX):
-                state[t.name[len(STATE_PREFIX):]] = a
-            else:
-                params[t.name] = a
-                if not t.name.endswith((".lora_a", ".lora_b")):
-                    ne[t.name] = [int(n) for n in t.shape]
-        cfg = LlamaConfig.from_metadata(md, ne)
-        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") in TOKENIZERS else None
-    except (ValueError, TypeError, KeyError) as e:
-        raise ModelFormatError(f"{path}: {e}") from None
-    return cfg, tok, params, state, meta
 
 
 def _sha256(data: bytes) -> str:
@@ -522,9 +460,9 @@ def _data_parallel(fn, args):
 
 
 def _warn_once(args, msg):
-    """_warn on rank 0 only under MPI."""
+    """warn on rank 0 only under MPI."""
     if not getattr(args, "rank", 0):
-        _warn(args, msg)
+        warn(args, msg)
 
 
 def _accumulation(args):
@@ -544,7 +482,7 @@ def _compile(args, graph, what, world=None):
     opt = optim.AdamW(lr=args.lr, weight_decay=args.weight_decay, accumulate=acc)
     target = compile_target(args)
     t0 = time.perf_counter()
-    with _compile_progress(args, what):
+    with compile_progress(args, what):
         prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
                           plan_memory=not args.no_plan, checkpoint=args.recompute,
                           seed=args.seed, copy_outputs=False,
@@ -574,7 +512,7 @@ def _check_outputs(args, **inputs):
 def _resume(args, kind, resumed):
     """Load --resume and apply its recorded options to `args` (a warning lists the given ones
     it overrides). Returns (cfg, tok, params, state, meta)."""
-    _check_model_file(args.resume, "--resume", "a checkpoint file")
+    check_model_file(args.resume, "--resume", "a checkpoint file")
     cfg, tok, params, state, meta = load_llama_checkpoint(args.resume)
     if meta["kind"] != kind:
         raise ValueError(f"--resume {args.resume}: a {meta['kind']} checkpoint, not {kind}")
@@ -582,7 +520,7 @@ def _resume(args, kind, resumed):
     if args.text is not None and "text" in getattr(args, "given", ()):
         saved.pop("text")            # the user's copy: _read_text checks it against the hash
     adopt_resumed(args, args.resume, saved, _warn_once)
-    _Run.checkpoint, _Run.epoch, _Run.unit = args.resume, meta["step"], "step"
+    Run.checkpoint, Run.epoch, Run.unit = args.resume, meta["step"], "step"
     if meta["step"] >= args.steps:
         _warn_once(args, f"--resume {args.resume} is at step {meta['step']}, --steps is "
                          f"{args.steps}: nothing left to train")
@@ -598,7 +536,7 @@ def _read_text(args, meta=None):
         if meta is not None and not os.path.exists(args.text):
             raise FileNotFoundError(f"--resume {args.resume}: its text {args.text} is not found; "
                                     f"give the same text with --text FILE")
-        _check_model_file(args.text, "--text", "a text file")
+        check_model_file(args.text, "--text", "a text file")
     data = read_corpus(args.text)
     if meta is not None and meta.get("text_sha256") not in (None, _sha256(data)):
         where = args.text or "the shipped corpus"
@@ -686,8 +624,8 @@ def train_llama(args):
 
 def _data_parallel_line(args, world):
     if world is not None:
-        _say(args, f"data parallel: {world.size} MPI ranks, {args.batch_size // world.size} "
-                   f"windows of each batch and {world.threads} thread(s) per rank")
+        say(args, f"data parallel: {world.size} MPI ranks, {args.batch_size // world.size} "
+                  f"windows of each batch and {world.threads} thread(s) per rank")
 
 
 def _mpi_summary(world):
@@ -727,9 +665,9 @@ def _train_llama(args, world):
     cfg = resumed[0] if resumed else _model_config(args, len(tok))
     split = tokenize_split(data, tok)
     train_w, val_w = _windows(args, split, what)
-    _say(args, f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
-               f"{split.size - split.cut:,} held out), {how} ({len(tok)} tokens): "
-               f"{len(split.train):,} + {len(split.val):,} tokens")
+    say(args, f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
+              f"{split.size - split.cut:,} held out), {how} ({len(tok)} tokens): "
+              f"{len(split.train):,} + {len(split.val):,} tokens")
     note_unsaved(args, not getattr(args, "rank", 0))
     local = args.batch_size if world is None else world.local_batch(args.batch_size)
     graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_train")
@@ -742,12 +680,12 @@ def _train_llama(args, world):
         trainer.restore(resumed[2], resumed[3], resumed[4])
         curve = list(resumed[4].get("curve", []))
     mem = _memory(prog)
-    _say(args, f"llama: {cfg.layers} layers, width {cfg.dim}, {cfg.heads} heads "
-               f"({cfg.kv_heads} kv), ff {cfg.ff}, ctx {cfg.ctx}, vocab {cfg.vocab}: "
-               f"{_count(mem['params'])} params; batch {args.batch_size}"
-               f"{f' x {acc} accumulated' if acc > 1 else ''}, AdamW lr {args.lr}"
-               f"{f', recompute {args.recompute}' if args.recompute else ''}; compiled in "
-               f"{compile_s:.2f} s (arena {_bytes(mem['arena_bytes'])})")
+    say(args, f"llama: {cfg.layers} layers, width {cfg.dim}, {cfg.heads} heads "
+              f"({cfg.kv_heads} kv), ff {cfg.ff}, ctx {cfg.ctx}, vocab {cfg.vocab}: "
+              f"{_count(mem['params'])} params; batch {args.batch_size}"
+              f"{f' x {acc} accumulated' if acc > 1 else ''}, AdamW lr {args.lr}"
+              f"{f', recompute {args.recompute}' if args.recompute else ''}; compiled in "
+              f"{compile_s:.2f} s (arena {_bytes(mem['arena_bytes'])})")
     _data_parallel_line(args, world)
     root = world is None or world.is_root
 
@@ -757,15 +695,15 @@ def _train_llama(args, world):
         if args.checkpoint:
             save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
-            _Run.checkpoint, _Run.epoch, _Run.unit = args.checkpoint, trainer.step, "step"
+            Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
         if stopping and args.out:            # interrupted: the model so far
             write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama")
-            _Run.out = (args.out, f"the model after step {trainer.step}")
+            Run.out = (args.out, f"the model after step {trainer.step}")
 
     timing = _fit(args, trainer, save, curve)
     if args.out and root:
         write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama")
-        _say(args, f"saved {args.out}")
+        say(args, f"saved {args.out}")
     if args.json:
         print(json.dumps({**_summary(trainer, timing, curve, compile_s), **mem,
                           "vocab": cfg.vocab, **_mpi_summary(world)}))
@@ -786,7 +724,7 @@ def _perplexity(args, cfg, params, tok, tail, label):
     if args.ppl_chunks:
         ids = ids[:args.ppl_chunks * args.ctx]
     res = perplexity((cfg, params, tok), ids, n_ctx=args.ctx, batch=8, kv_f16=False)
-    _say(args, f"perplexity {label}: {res}")
+    say(args, f"perplexity {label}: {res}")
     return res
 
 
@@ -800,7 +738,7 @@ def _finetune(args, world):
     from ..models.llama import llama_forward, read_llama, write_llama
     from ..models.text import split_bytes, tokenize_split
     kind = "finetune"
-    _check_model_file(args.base, "base model")
+    check_model_file(args.base, "base model")
     _check_outputs(args, **{"the base model": args.base})
     resumed = None
     if args.resume:
@@ -827,10 +765,10 @@ def _finetune(args, world):
     data, what = _read_text(args, resumed and resumed[4])
     split = tokenize_split(data, tok)
     train_w, val_w = _windows(args, split, what)
-    _say(args, f"base: {args.base} ({cfg.layers} layers, width {cfg.dim}, vocab {cfg.vocab}); "
-               f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
-               f"{split.size - split.cut:,} held out; {len(split.train):,} + {len(split.val):,} "
-               f"tokens)")
+    say(args, f"base: {args.base} ({cfg.layers} layers, width {cfg.dim}, vocab {cfg.vocab}); "
+              f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
+              f"{split.size - split.cut:,} held out; {len(split.train):,} + {len(split.val):,} "
+              f"tokens)")
     _, tail = split_bytes(data)
     root = world is None or world.is_root
     local = args.batch_size if world is None else world.local_batch(args.batch_size)
@@ -840,7 +778,7 @@ def _finetune(args, world):
     graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_finetune")
     targets = None
     if not args.full:
-        targets = lora_weights(cfg.description, args.lora_targets, lambda m: _say(args, m))
+        targets = lora_weights(cfg.description, args.lora_targets, lambda m: say(args, m))
         graph = lora(graph, targets=targets, rank=args.lora_rank, alpha=alpha, seed=args.seed)
     prog, acc, compile_s, trainer = _build(
         args, graph, "finetune", world,
@@ -855,13 +793,13 @@ def _finetune(args, world):
     mem = _memory(prog)
     mode = "full" if args.full else \
         f"LoRA rank {args.lora_rank}, alpha {alpha:g} on {args.lora_targets}"
-    _say(args, f"finetune ({mode}): batch {args.batch_size}"
-               f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, AdamW lr "
-               f"{args.lr}{f', recompute {args.recompute}' if args.recompute else ''}; compiled "
-               f"in {compile_s:.2f} s")
-    _say(args, f"memory: {mem['trainable_params']:,} trainable params of {mem['params']:,}, "
-               f"optimizer state {_bytes(mem['optimizer_state_bytes'])}, arena "
-               f"{_bytes(mem['arena_bytes'])}, persistent {_bytes(mem['persistent_bytes'])}")
+    say(args, f"finetune ({mode}): batch {args.batch_size}"
+              f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, AdamW lr "
+              f"{args.lr}{f', recompute {args.recompute}' if args.recompute else ''}; compiled "
+              f"in {compile_s:.2f} s")
+    say(args, f"memory: {mem['trainable_params']:,} trainable params of {mem['params']:,}, "
+              f"optimizer state {_bytes(mem['optimizer_state_bytes'])}, arena "
+              f"{_bytes(mem['arena_bytes'])}, persistent {_bytes(mem['persistent_bytes'])}")
     _data_parallel_line(args, world)
 
     def adapter():
@@ -878,25 +816,25 @@ def _finetune(args, world):
         if not root:
             return
         write_out()
-        _Run.out = (args.out, f"the {'model' if args.full else 'adapter'} after step "
+        Run.out = (args.out, f"the {'model' if args.full else 'adapter'} after step "
                               f"{trainer.step}")
         if args.checkpoint:
             meta = _meta(args, kind, FINETUNE_RESUMED, trainer, curve, data,
                          {"base_sha256": base_sha})
             save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
                                   meta)
-            _Run.checkpoint, _Run.epoch, _Run.unit = args.checkpoint, trainer.step, "step"
+            Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
 
     timing = _fit(args, trainer, save, curve)
-    _say(args, f"saved {args.out}")
+    say(args, f"saved {args.out}")
     ppl_after = None
     if ppl:
         params = dict(prog.params) if args.full else \
             lora_file.merge({k: v for k, v in prog.params.items() if k in base}, adapter(),
                             alpha)
         ppl_after = _perplexity(args, cfg, params, tok, tail, "after")
-        _say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
-                   f"({ppl_after.ppl / ppl_before.ppl:.3f}x)")
+        say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
+                  f"({ppl_after.ppl / ppl_before.ppl:.3f}x)")
     if args.json:
         print(json.dumps({**_summary(trainer, timing, curve, compile_s), **mem,
                           "mode": "full" if args.full else "lora",
@@ -934,7 +872,7 @@ def dump_llama(args):
     if args.stage in absent:
         raise ValueError(f"--stage {args.stage}: the llama {program} program has no such stage"
                          f"{' (it is forward only)' if program != 'train' else ''}")
-    with _compile_progress(args, f"llama {program}"):
+    with compile_progress(args, f"llama {program}"):
         prog = jg_compile(graph, fuse=not args.no_fuse, plan_memory=not args.no_plan,
                           check_finite=args.stage == "guard", target=compile_target(args), **kw)
     print(prog.ir(args.stage))

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .report import describe_environment, environment, table
+
 
 class KernelTime(NamedTuple):
     kernel: object         # passes/fuse.py Kernel
@@ -88,7 +90,6 @@ def host_header() -> str:
     """The lines every bench table starts with: the environment and the host's sgemm rate."""
     lines = []
     try:
-        from .bench import describe_environment, environment
         lines.append(describe_environment(environment()))
     except Exception as e:          # noqa: BLE001 - the header is informative only
         lines.append(f"# environment: unavailable ({type(e).__name__}: {e})")
@@ -147,7 +148,6 @@ def roofline(prog, inputs, peak, repeat=20) -> dict:
 
 
 def format_roofline(name, result, peak) -> str:
-    from .bench import _table
     rows = result["kernels"]
     total = sum(r["seconds"] for r in rows)
     lines = [[r["kernel"], f"{r['seconds'] * 1e6:.1f}", f"{100 * r['seconds'] / total:.0f}%",
@@ -156,5 +156,5 @@ def format_roofline(name, result, peak) -> str:
               f"{100 * r['roof']:.0f}%"] for r in rows]
     head = f"{name}: step {result['step_s'] * 1e3:.3f} ms, kernels {total * 1e3:.3f} ms " \
            f"(peaks: sgemm {peak['sgemm_gflops']:.0f} GFLOP/s, copy {peak['stream_gbps']:.1f} GB/s)"
-    return head + "\n" + _table(["kernel", "us", "share", "GFLOP/s", "GB/s", "flop/B", "bound",
+    return head + "\n" + table(["kernel", "us", "share", "GFLOP/s", "GB/s", "flop/B", "bound",
                                  "roof"], lines)

@@ -26,8 +26,8 @@ def add_tokenize(p) -> None:
 
 def tokenize_command(args) -> int:
     from ..models.tokenizer import load_tokenizer
-    from . import _check_model_file
-    _check_model_file(args.model_file, "model")
+    from .common import check_model_file
+    check_model_file(args.model_file, "model")
     tok = load_tokenizer(args.model_file)
     if args.file is not None:
         with open(args.file, "rb") as f:

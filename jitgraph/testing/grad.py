@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import interp
-from .types import ShapeError
+from .. import interp
+from ..types import ShapeError
 
 
 @dataclass
@@ -35,7 +35,7 @@ def check_grad(graph, inputs, params, *, loss=None, wrt=None, wrt_inputs=(), eps
     """
     from jitgraph.passes.autodiff import grad
     from jitgraph.passes.precision import cast_graph
-    from .ops.common import apply
+    from ..ops.common import apply
     g = cast_graph(graph, "f64")
     feeds = {k: np.asarray(v, np.float64) if np.issubdtype(np.asarray(v).dtype, np.floating)
              else np.asarray(v) for k, v in inputs.items()}

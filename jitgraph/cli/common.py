@@ -1,0 +1,264 @@
+"""What the jitgraph commands share: exit codes, SIGTERM as an exception, the option types (each
+error names the value and what is allowed; argparse adds the flag), the flags every compiling
+command offers (--no-fuse, --no-plan, --target, --device, --threads), output checks, messages,
+the compile progress bar, what an interrupt message reports (Run), and `in_worker`."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+
+
+EXIT_ERROR, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 130, 143
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread by the CLI's handler (so `finally` blocks run: an
+    atomic write removes its temporary file)."""
+
+
+def raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def int_at_least(lo):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
+def float_in(lo, hi=math.inf, lo_open=False, hi_open=True, what=None):
+    what = what or (f"a number > {lo}" if lo_open and hi == math.inf else
+                    f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}")
+
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        bad = (not math.isfinite(v) or v < lo or (lo_open and v == lo) or v > hi
+               or (hi_open and v == hi))
+        if bad:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return v
+    parse.__name__ = what
+    return parse
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to every option's help that has a default and does not say it."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        d = action.default
+        if "default" not in h and action.option_strings and \
+                not (d is None or d is False or d is argparse.SUPPRESS):
+            h += " (default: %(default)s)"
+        return h
+
+
+def say(args, *msg):
+    if not args.quiet:
+        print(*msg, flush=True)
+
+
+def warn(args, msg):
+    print(f"jitgraph {args.cmd}: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def adopt_resumed(args, path, saved, warn=warn):
+    """Continue with the training options the checkpoint at `path` recorded (`saved`: option ->
+    value; a bit-exact resume needs them), warning through `warn` about each option the user
+    gave that they override."""
+    given = getattr(args, "given", set())
+    ignored = [f"{_flag(k, getattr(args, k))} (checkpoint: {_shown(v)})"
+               for k, v in saved.items() if k in given and getattr(args, k) != v]
+    if ignored:
+        warn(args, f"--resume {path} continues with the checkpoint's training options (a "
+                  f"bit-exact resume needs them); ignored {', '.join(ignored)}")
+    for k, v in saved.items():
+        setattr(args, k, v)
+
+
+def check_model_file(path, what, kind="a model file"):
+    """An input file that exists and is not a directory (`kind`: what it should be)."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} {path}: is a directory, not {kind}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{what} {path}: no such file")
+
+
+@contextlib.contextmanager
+def compile_progress(args, what):
+    """A progress bar of kernels compiled / total while `what` compiles: on a terminal only
+    (stderr a tty) and not with --quiet; it shows after half a second, so loading cached
+    kernels prints nothing."""
+    if args.quiet or not sys.stderr.isatty():
+        yield
+        return
+    from tqdm import tqdm
+    from ..runtime import cache
+    bar = None
+
+    def report(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=f"compiling {what}", unit="kernel", file=sys.stderr,
+                       leave=False, delay=0.5, dynamic_ncols=True)
+        elif done == 0:
+            bar.reset(total)
+        bar.update(done - bar.n)
+
+    old = cache.set_progress(report)
+    try:
+        yield
+    finally:
+        cache.set_progress(old)
+        if bar is not None:
+            bar.close()
+
+
+class Run:
+    """What an interrupt message reports: the files this run wrote and what they hold."""
+    checkpoint = None      # the last checkpoint written (or resumed from)
+    epoch = None
+    unit = "epoch"         # what `epoch` counts ("step" for the llama commands)
+    out = None             # (--out path, what it holds) once written
+    unsaved = False        # neither --out nor --checkpoint: the run writes nothing
+
+    @classmethod
+    def reset(cls):
+        cls.checkpoint = cls.epoch = cls.out = None
+        cls.unit, cls.unsaved = "epoch", False
+
+
+def note_unsaved(args, root=True) -> None:
+    """A training run given neither --out nor --checkpoint says so once at its start (on MPI's
+    rank 0: `root`), and again if interrupted."""
+    if not args.out and not args.checkpoint:
+        Run.unsaved = True
+        if root:
+            warn(args, "neither --out nor --checkpoint is given: nothing of this run will be "
+                       "saved")
+
+
+def _flag(dest, value):
+    flag = "--" + dest.replace("_", "-")
+    return flag if isinstance(value, bool) else f"{flag} {value}"
+
+
+def _shown(v):
+    return "none" if v is None else "off" if v is False else "on" if v is True else v
+
+
+def _threads(text):
+    """--threads: an integer from 1 to 4x the cores."""
+    from ..runtime.cpu.threading import max_threads
+    top = max_threads()
+    try:
+        v = int(text)
+    except ValueError:
+        v = None
+    if v is None or not 1 <= v <= top:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {top} (4x this "
+                                         f"machine's {top // 4} cores), got {text!r}")
+    return v
+
+
+_threads.__name__ = "thread count"
+
+
+def add_threads_flag(p):
+    """--threads N: threads of a command's GEMMs and parallel kernels (apply_threads)."""
+    p.add_argument("--threads", type=_threads, default=None, metavar="N",
+                   help="threads for GEMMs and parallel kernels (JITGRAPH_NUM_THREADS); 1 is "
+                        "much faster on a machine whose cores other jobs keep busy; default: "
+                        "all cores")
+
+
+def apply_threads(args):
+    """--threads, before the GEMM library loads (it reads the count once) and before MPI sets
+    the per-rank threads from it."""
+    if getattr(args, "threads", None):
+        os.environ["JITGRAPH_NUM_THREADS"] = str(args.threads)
+
+
+def check_outputs(args, inputs: dict) -> None:
+    """--out and --checkpoint (those `args` has) writable for real, distinct, and none of them
+    one of `inputs` (option -> path; --checkpoint may be --resume), before anything compiles."""
+    from ..formats.paths import check_not_inputs, check_writable
+    outputs = {f: getattr(args, f[2:], None) for f in ("--out", "--checkpoint")}
+    check_not_inputs(outputs, inputs, allow=(("--checkpoint", "--resume"),))
+    for flag, path in outputs.items():
+        if path:
+            check_writable(path, flag)
+
+
+def add_compile_flags(p):
+    """--no-fuse and --no-plan, the compiler switches every compiling command offers."""
+    p.add_argument("--no-fuse", action="store_true",
+                   help="compile without kernel fusion (slower; for comparison)")
+    p.add_argument("--no-plan", action="store_true",
+                   help="one buffer per value, no memory planning (for comparison)")
+    add_target_flags(p)
+
+
+def add_target_flags(p):
+    """--target and --device: where a command's compiled programs run."""
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="where the compiled step runs: cpu (numba) or cuda (an NVIDIA GPU; "
+                        "needs the cuda extra, pip install -e '.[cuda]')")
+    p.add_argument("--device", type=int_at_least(0), default=None, metavar="N",
+                   help="--target cuda: the GPU to run on (default: 0)")
+
+
+def compile_target(args) -> str:
+    """The target of add_compile_flags' --target / --device, checked before anything compiles:
+    a ValueError (exit 2) says why CUDA cannot run here (no numba-cuda, no GPU, no device N)."""
+    target = getattr(args, "target", "cpu")
+    device = getattr(args, "device", None)
+    if target != "cuda":
+        if device is not None:
+            raise ValueError(f"--device {device}: only with --target cuda")
+        return target
+    from ..runtime.cuda.device import select
+    try:
+        select(device or 0)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    return target
+
+
+def in_worker(fn, *args):
+    """fn(*args) on a daemon thread while the main thread waits: a long native call (the
+    compiled step releases the GIL) cannot hold off Ctrl-C or SIGTERM, whose exceptions the
+    main thread raises at once; the worker ends with the process. For commands that write
+    nothing (generate, perplexity): nothing is left half done."""
+    import threading
+
+    from ..runtime.cpu import blas  # noqa: F401  (it sets up OpenBLAS's threads on load, which
+    #                                 it may do only while no other thread runs)
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:          # noqa: BLE001 - re-raised on the main thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="jitgraph-worker", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

@@ -1,0 +1,70 @@
+"""The llama training checkpoint (`jitgraph train llama`, `jitgraph finetune` write it): a GGUF
+file with the model's llama.* and tokenizer metadata, every param under its name, the optimizer
+state as `state.<name>` tensors and a JSON object under `jitgraph.checkpoint` (the run's options,
+the program's call count, the window sampler's RNG state, the step, the loss curve). Written
+atomically; reading bounds every count in the header by the file's size first, and anything but
+such a file raises jitgraph.ModelFormatError naming the file."""
+from __future__ import annotations
+
+import json
+import os
+
+import gguf
+import numpy as np
+
+from ..errors import ModelFormatError
+from .gguf import CHECKPOINT_KEY, STATE_PREFIX, _header, gguf_writer
+
+
+def save_llama_checkpoint(path, cfg, tok, params: dict, state: dict, meta: dict) -> None:
+    """A llama training checkpoint, written atomically."""
+    arrays = {k: np.asarray(v) for k, v in params.items()}
+    arrays.update({STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
+    meta = {**meta, "shapes": {k: list(a.shape) for k, a in arrays.items()}}
+    with gguf_writer(path, cfg.arch) as w:
+        w.add_name("jitgraph training checkpoint")
+        cfg.to_gguf(w)
+        if tok is not None:
+            tok.write_gguf(w)
+        w.add_string(CHECKPOINT_KEY, json.dumps(meta))
+        for k, a in arrays.items():
+            w.add_tensor(k, np.ascontiguousarray(a.reshape(a.shape or (1,))))
+
+
+def load_llama_checkpoint(path):
+    """(LlamaConfig, Tokenizer or None, params, state, meta) of a file save_llama_checkpoint
+    wrote; anything else raises ModelFormatError naming the file."""
+    from ..models.llama import LlamaConfig
+    from ..models.tokenizer import TOKENIZERS, Tokenizer
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        _header(f, path)                  # every count and extent bounded by the file's size
+    try:
+        r = gguf.GGUFReader(path)
+        md = {k: fl.contents() for k, fl in r.fields.items()}
+        if CHECKPOINT_KEY not in md:
+            raise ValueError(f"not a training checkpoint (no {CHECKPOINT_KEY}); a model file?")
+        meta = json.loads(md[CHECKPOINT_KEY])
+        if not isinstance(meta, dict) or not isinstance(meta.get("shapes"), dict):
+            raise ValueError(f"{CHECKPOINT_KEY} is not a jitgraph llama checkpoint's JSON object")
+        for k, kind in (("args", dict), ("calls", int), ("step", int), ("rng", dict),
+                        ("kind", str)):
+            if not isinstance(meta.get(k), kind) or isinstance(meta.get(k), bool):
+                raise ValueError(f"checkpoint field {k!r} is missing or not a {kind.__name__}")
+        shapes = meta["shapes"]
+        params, state, ne = {}, {}, {}
+        for t in r.tensors:
+            if t.name not in shapes:
+                raise ValueError(f"tensor {t.name!r} is not listed in the checkpoint's shapes")
+            a = np.array(t.data).reshape(shapes[t.name])
+            if t.name.startswith(STATE_PREFIX):
+                state[t.name[len(STATE_PREFIX):]] = a
+            else:
+                params[t.name] = a
+                if not t.name.endswith((".lora_a", ".lora_b")):
+                    ne[t.name] = [int(n) for n in t.shape]
+        cfg = LlamaConfig.from_metadata(md, ne)
+        tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") in TOKENIZERS else None
+    except (ValueError, TypeError, KeyError) as e:
+        raise ModelFormatError(f"{path}: {e}") from None
+    return cfg, tok, params, state, meta
