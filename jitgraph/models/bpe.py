@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from itertools import chain
 
+from .merging import merge_adjacent
 from .pre_regexes import PRE_TYPES
 from .pretokenize import PreTokenizer
 from .special_tokens import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens,
@@ -232,25 +233,11 @@ class BpeTokenizer:
 
     def _merge(self, syms: list) -> list:
         """Merge adjacent symbols, lowest rank first, ties leftmost (llama.cpp's work queue
-        pops exactly that pair each time). The pairs' ranks sit in a list (no rank: _NONE)
-        that each merge updates at its two new pairs only."""
+        pops exactly that pair each time; no rank: _NONE)."""
         if len(syms) > 512:
             return self._merge_long(syms)
         ranks = self._ranks
-        pr = [ranks.get(pair, _NONE) for pair in zip(syms, syms[1:])]
-        while pr:
-            best = min(pr)
-            if best == _NONE:
-                break
-            at = pr.index(best)
-            m = syms[at] + syms[at + 1]
-            syms[at:at + 2] = [m]
-            del pr[at]
-            if at:
-                pr[at - 1] = ranks.get((syms[at - 1], m), _NONE)
-            if at < len(pr):
-                pr[at] = ranks.get((m, syms[at + 1]), _NONE)
-        return syms
+        return merge_adjacent(syms, lambda a, b: ranks.get((a, b), _NONE), _NONE)
 
     def _merge_long(self, syms: list) -> list:
         """_merge with a heap of candidate pairs (linked symbols, stale entries skipped)."""

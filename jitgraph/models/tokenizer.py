@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .merging import merge_adjacent
 from .special_tokens import (A_BYTE, A_CONTROL, A_NORMAL, A_UNKNOWN, A_USER, SpecialTokens,
                              check_metadata, fim_given, token_attrs)
 
@@ -258,30 +259,15 @@ class Tokenizer:
             out.extend(ids)
 
     def _spm_short(self, syms: list, ids: dict, out: list) -> None:
-        """_spm on a fragment's characters (str, or bytes with `ids` keyed by bytes) with the
-        pairs' priorities in a list (minus the merged token's score; no token: inf) that each
-        merge updates at its two new pairs only: the best pair is the list's minimum, ties
-        leftmost, as llama.cpp's queue pops them."""
+        """_spm on a fragment's characters (str, or bytes with `ids` keyed by bytes): pairs
+        merged by priority, minus the merged token's score (no token: inf), ties leftmost."""
         scores = self.scores
 
         def pri(a, b):
             t = ids.get(a + b)
             return _NO_MERGE if t is None else -scores[t]
 
-        pr = [pri(a, b) for a, b in zip(syms, syms[1:])]
-        while pr:
-            best = min(pr)
-            if best == _NO_MERGE:
-                break
-            at = pr.index(best)
-            m = syms[at] + syms[at + 1]
-            syms[at:at + 2] = [m]
-            del pr[at]
-            if at:
-                pr[at - 1] = pri(syms[at - 1], m)
-            if at < len(pr):
-                pr[at] = pri(m, syms[at + 1])
-        for sym in syms:                             # resegment: tokens, else byte fallback
+        for sym in merge_adjacent(syms, pri, _NO_MERGE):                             # resegment: tokens, else byte fallback
             tok = ids.get(sym)
             if tok is not None:
                 out.append(tok)
