@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import re
 
+from jitgraph.plan import rows_flags
 from jitgraph.registry import get_op
-
-from jitgraph.passes.fuse import rows_flags
 
 from ..kernelgen import feeding
 from . import rules     # ELEMENTWISE: the CPU spelling of elementwise ops (rules imports us too)

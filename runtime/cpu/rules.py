@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from jitgraph.registry import get_op, row_axis
-from jitgraph.passes.fuse import Kernel
+from jitgraph.plan import Kernel
 
 from . import fused, lower
 from .lower import Call, Workspace, literal

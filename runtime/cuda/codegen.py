@@ -736,7 +736,7 @@ def rows(ctx, n, members=None, outputs=None, note="") -> list:
     the threads stride over the row accumulating, then shared-memory tree reductions; the last
     loop computes the op's value and the fused epilogue and stores the outputs. `members`
     (fused: prologue, n, epilogue, in order; default n alone)."""
-    from jitgraph.passes.fuse import rows_flags
+    from jitgraph.plan import rows_flags
     from jitgraph.registry import row_axis
     g = ctx.g
     if n.op not in ROWS:
