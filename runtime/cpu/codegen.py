@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jitgraph.plan import CALLER   # the memory plan's regions addressed through the io table
 from jitgraph.printer import format_node
 from jitgraph.types import TensorType
 
+from ..kernelgen import NP_DTYPE, literal
 from . import fused, lower
 from .table import lowering
-
-CALLER = ("input", "output")   # the memory plan's regions addressed through the io table
 
 ENTRY_HEADER = '''"""jitgraph kernel (generated; the file name is a hash of this text and the toolchain)."""
 import math
@@ -86,8 +86,8 @@ def entry_module(graph, call, name_of):
             shape, dt = a.shape or (a.size,), a.dtype
         else:
             shape, dt = a[1], graph.nodes[a[0]].type.dtype
-        cargs.append(f"carray(ptr({params[-1]}), {lower.literal(tuple(shape))}, "
-                     f"{lower.NP_DTYPE[dt]})")
+        cargs.append(f"carray(ptr({params[-1]}), {literal(tuple(shape))}, "
+                     f"{NP_DTYPE[dt]})")
     text = ENTRY_HEADER + "".join(ln + "\n" for ln in call.imports)
     fm = f", fastmath={lower.FASTMATH}" if call.fastmath else ""
     if call.source is None:

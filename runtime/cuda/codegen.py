@@ -31,15 +31,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jitgraph.plan import CALLER
 from jitgraph.printer import format_node
 from jitgraph.registry import get_op
 from jitgraph.types import TensorType
 
-from ..cpu.fused import typed_literal, _FLOAT
-from ..cpu.lower import NP_DTYPE, collapse, matmul_operands, reduce_pattern
-from ..kernelgen import batch_index, feeding
-
-CALLER = ("input", "output")
+from .. import kernelgen
+from ..kernelgen import (NP_DTYPE, batch_index, collapse, feeding, matmul_operands, reduce_pattern,
+                         typed_literal)
 
 HEADER = '''"""jitgraph CUDA kernels (generated)."""
 import math
@@ -117,10 +116,7 @@ def scalar_expr(n, args) -> str:
     template = get_op(n.op).expr
     if template is None:
         raise Unsupported(f"op {n.op} has no scalar expression")
-    if dt == "f32":
-        template = _FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
-    attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
-    return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
+    return kernelgen.scalar_expr(n, args, template)
 
 
 def half(expr, dt) -> str:
