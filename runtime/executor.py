@@ -150,7 +150,7 @@ class Program:
         self.copy_outputs = copy_outputs
         self._products, self._compiler = products, compiler
         self._driver, self._stats = products.driver, products.stats
-        self._tick = getattr(products.backend, "before_step", None)
+        self._tick = products.backend.before_step
         g, plan, backend = products.graph, products.memory, products.backend
         self.graph, self._plan, self._backend = g, plan, backend
         self._addr = _address = backend.address

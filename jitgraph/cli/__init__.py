@@ -147,7 +147,7 @@ def _compile_progress(args, what):
         yield
         return
     from tqdm import tqdm
-    from ..runtime import cache
+    from ..runtime.cpu import cache
     bar = None
 
     def report(done, total):

@@ -35,6 +35,7 @@ class CUDA:
     """numba-cuda on an NVIDIA GPU (or numba's simulator, NUMBA_ENABLE_CUDASIM=1)."""
     name = "cuda"
     kinds = KINDS
+    before_step = None      # nothing to adjust between steps
 
     def __init__(self):
         self.cuda = device.require()
