@@ -33,6 +33,7 @@ from typing import NamedTuple
 from jitgraph.ir import LEAF_OPS, copy_node, live_nodes, op_kind, rebuild
 from jitgraph.registry import cost as op_cost, get_op
 
+from . import planning   # the plan stages, by which each candidate's arena is measured
 from .report import Report
 
 def expensive(n) -> bool:
@@ -50,8 +51,7 @@ def flops(graph, n) -> int:
 def arena_peak(graph, options=None) -> int:
     """The arena bytes the rest of the pipeline plans for `graph` with `options` (the pipeline's
     Options; default: fused, planned)."""
-    from .pipeline import Options, plan    # the pipeline runs this pass: imported at use
-    return plan(graph, options or Options()).memory.arena_bytes
+    return planning.plan(graph, options or planning.Options()).memory.arena_bytes
 
 
 def checkpoint(graph, policy=None, loss: str = "loss", options=None):

@@ -137,3 +137,66 @@ def test_runtime_runs_no_pass(forbidden):
     bad = violations("jitgraph.runtime", forbidden)
     assert not bad, "\n".join(bad)
 
+
+
+def import_graph(packages):
+    """{module: set of modules of `packages` it imports} (lazy imports count: a cycle through
+    a function-level import is still a cycle)."""
+    mods = {}
+    for p in packages:
+        mods.update(modules(p))
+    graph = {}
+    for name, path in mods.items():
+        graph[name] = {t for mod, what, _ in imports(name, path)
+                       for t in ([f"{mod}.{what}"] if f"{mod}.{what}" in mods else [mod])
+                       if t in mods and t != name}
+    return graph
+
+
+def cycles(graph):
+    """Every strongly connected component of more than one module (Tarjan), sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_cycles_finds_a_circle():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(g) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_sees_the_edges():
+    g = import_graph(["jitgraph.passes", "jitgraph.runtime"])
+    assert "jitgraph.passes.fuse" in g["jitgraph.passes.pipeline"] or \
+        "jitgraph.passes.planning" in g["jitgraph.passes.pipeline"]
+    assert "jitgraph.runtime.cpu.fused" in g["jitgraph.runtime.cpu.codegen"]    # from . import
+    assert "jitgraph.runtime.cpu.codegen" in g["jitgraph.runtime.cpu.backend"]  # lazy import
+
+
+def test_no_import_cycle_in_passes_or_runtime():
+    found = cycles(import_graph(["jitgraph.passes", "jitgraph.runtime"]))
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)

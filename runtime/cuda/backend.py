@@ -48,7 +48,7 @@ class CUDA:
 
     # ---- generate / build -----------------------------------------------------------------
     def generate(self, kernels, plan):
-        from .codegen import generate, listing
+        from .program import generate, listing
         gen = generate(kernels, plan, self.tpb, self.tile, self.max_blocks)
         return gen, listing(gen, kernels.graph)
 
