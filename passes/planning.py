@@ -32,8 +32,8 @@ class Options:
 class State:
     graph: object
     options: Options
-    kernels: object = None      # passes.fuse.KernelGraph
-    memory: object = None       # passes.memory.MemoryPlan
+    kernels: object = None      # jitgraph.plan.KernelGraph
+    memory: object = None       # jitgraph.plan.MemoryPlan
     ir: dict = field(default_factory=dict)        # stage -> printed IR
     reports: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)   # stage -> seconds

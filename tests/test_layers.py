@@ -2,10 +2,11 @@
 functions count): the IR and the ops import no pass and no runtime; passes import no runtime;
 the runtime imports neither the pipeline nor the compiler nor any pass: jitgraph/compiler.py
 runs the passes and hands the runtime their products, whose types (kernel graph, memory plan)
-live in the core's jitgraph/plan.py, which imports neither. The IR imports neither the op library nor
-its JSON format (the ops install Tensor's operators, serialize.py Graph's to_json/from_json), and
-the core (jitgraph/'s own modules, ops/, passes/, runtime/) imports no application: cli/,
-formats/, models/."""
+live in the core's jitgraph/plan.py, which imports neither. The IR imports neither the op
+library nor its JSON format (the ops install Tensor's operators, serialize.py Graph's
+to_json/from_json), the core (jitgraph/'s own modules, ops/, passes/, runtime/) imports no
+application (cli/, formats/, models/), and no modules of passes/ or runtime/ import each other
+in a circle."""
 import ast
 import subprocess
 import sys

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from jitgraph.plan import ALIGN
 
-from ..kernelgen import NP_DTYPE, batch_index, literal, matmul_operands, prod as _prod, reduce_pattern
+from ..kernelgen import (NP_DTYPE, batch_index, literal, matmul_operands, prod as _prod,
+                         reduce_pattern)
 # a kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, cost being
 # 1 + the math calls and divisions of its expression
 from .thresholds import PARALLEL_MIN_WORK
