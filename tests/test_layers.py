@@ -201,3 +201,43 @@ def test_the_import_graph_sees_the_edges():
 def test_no_import_cycle_in_passes_or_runtime():
     found = cycles(import_graph(["jitgraph.passes", "jitgraph.runtime"]))
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+PROTOCOL = {"name", "kinds", "before_step", "generate", "check_fits", "build", "allocate", "view",
+            "address"}
+
+
+def test_the_backends_meet_the_protocol():
+    """runtime/backend.Backend lists what the compiler and the Program use; the CPU backend
+    (instantiated) and the CUDA class (read from its source: instantiating it needs a device)
+    have every member."""
+    from jitgraph.runtime.backend import BACKENDS, Backend, get_backend
+    members = set(Backend.__annotations__) | {k for k, v in vars(Backend).items()
+                                              if callable(v) and not k.startswith("_")}
+    assert members == PROTOCOL
+    cpu = get_backend("cpu")
+    assert isinstance(cpu, Backend) and callable(cpu.before_step)
+    assert set(BACKENDS) == {"cpu", "cuda"}
+    tree = ast.parse((PACKAGES["jitgraph.runtime"] / "cuda" / "backend.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CUDA")
+    have = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)} | {
+        t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.targets
+        if isinstance(t, ast.Name)}
+    assert PROTOCOL <= have, PROTOCOL - have
+    assert BACKENDS["cuda"].endswith(":CUDA")
+
+
+def test_the_compiler_and_executor_use_only_the_protocol():
+    """Every `backend.<member>` / `products.backend.<member>` the compiler and the Program read
+    is a member of the protocol (one used but not listed would be a hidden requirement on a new
+    target), and the protocol lists nothing they do not use."""
+    used = set()
+    for src in ((PACKAGES["jitgraph.runtime"] / "executor.py").read_text(),
+                (PACKAGES["jitgraph"] / "compiler.py").read_text()):
+        for n in ast.walk(ast.parse(src)):
+            if isinstance(n, ast.Attribute):
+                v = n.value
+                if (isinstance(v, ast.Name) and v.id == "backend") or \
+                        (isinstance(v, ast.Attribute) and v.attr in ("backend", "_backend")):
+                    used.add(n.attr)
+    assert used == PROTOCOL, (used - PROTOCOL, PROTOCOL - used)
