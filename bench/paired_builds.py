@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from jitgraph.runtime.backend import CPU
+from jitgraph.runtime.cpu.backend import CPU
 from jitgraph.runtime.cpu import blas
 
 from attention_store import GGUF, alternate, program   # bench/: the script's directory

@@ -18,7 +18,7 @@
                by N; a ValueError says so); the same seed gives every rank the same global
                order, so one command trains the same model whatever N
   first(fn)    rank 0 runs fn (compiling into the kernel cache, whose files are written
-               atomically: runtime/cache.py, numba's index), then the others (loading what it
+               atomically: runtime/cpu/cache.py, numba's index), then the others (loading what it
                compiled), each behind a barrier: every rank has compiled before the first
                collective of a step
   mean / allgather / barrier

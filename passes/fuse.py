@@ -48,99 +48,12 @@ stays out of the GEMM epilogues), and every phase-1 kernel comes before every ph
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from jitgraph.ir import base, live_nodes, op_kind
-from jitgraph.registry import cost, get_op, row_axis
+from jitgraph.registry import get_op, row_axis
+from jitgraph.plan import ACCUMULATE, Kernel, KernelGraph, rows_flags
 
 from .boundary import boundary_values, phase_two
 from .report import Report
-
-
-ACCUMULATE = "gemm_accumulate"   # the backend kind of gemm kernels with Kernel.accumulate
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """A group of nodes lowered to one kernel; `nodes` in execution order, the last is the root.
-    `outputs`: members whose values are read outside the kernel (each gets a buffer)."""
-    id: int
-    nodes: tuple
-    kind: str = "node"
-    outputs: tuple = ()
-    anchor: int | None = None
-    accumulate: tuple = ()  # gemm: ((matmul, add), ...): each product added into the output
-
-    @property
-    def root(self) -> int:
-        return self.nodes[-1]
-
-    @property
-    def product(self) -> int | None:
-        """gemm: the value its GEMMs leave in the output (the anchor's product, or the last
-        sum accumulated into it), which the epilogue reads."""
-        return self.accumulate[-1][1] if self.accumulate else self.anchor
-
-    @property
-    def needs(self) -> frozenset:
-        """The backend kinds lowering this kernel takes (runtime/backend.py `kinds`)."""
-        return frozenset((self.kind, ACCUMULATE) if self.accumulate else (self.kind,))
-
-
-@dataclass
-class KernelGraph:
-    graph: object          # the jitgraph.ir.Graph the kernels read
-    kernels: list          # Kernel, in execution order
-    live: frozenset        # node ids whose values are needed (outputs, updates and their inputs)
-    inlined: frozenset = frozenset()   # `full` nodes with no kernel and no buffer
-    boundary: int | None = None   # update boundary: kernels[:boundary] are phase 1, the rest 2
-
-    def outputs_of(self, kernel) -> tuple:
-        """The values `kernel` writes to memory (the others live in registers)."""
-        return kernel.outputs
-
-    def inputs_of(self, kernel) -> tuple:
-        """Node ids `kernel` reads from memory (inlined constants excluded), in first-use order."""
-        mem = set(kernel.nodes)
-        out = []
-        for nid in kernel.nodes:
-            for i in self.graph.nodes[nid].inputs:
-                if i not in mem and i not in self.inlined and i not in out:
-                    out.append(i)
-        return tuple(out)
-
-    def bytes_of(self, kernel) -> int:
-        """Bytes `kernel` reads and writes across its boundary (inputs + outputs); a kernel of
-        one node moves what its op's cost says (jitgraph/registry.py)."""
-        nodes = self.graph.nodes
-        if kernel.kind == "node":
-            return cost(self.graph, nodes[kernel.root]).bytes
-        return sum(nodes[i].type.nbytes for i in self.inputs_of(kernel) + self.outputs_of(kernel))
-
-    def flops_of(self, kernel) -> int:
-        """Arithmetic operations of `kernel`: its nodes' costs (jitgraph/registry.py) summed."""
-        return sum(cost(self.graph, self.graph.nodes[i]).flops for i in kernel.nodes)
-
-    def bytes_moved(self) -> int:
-        """Bytes every kernel reads and writes across its boundary (`bytes_of`), summed."""
-        return sum(self.bytes_of(k) for k in self.kernels)
-
-    def __str__(self) -> str:
-        g = self.graph
-        lines = [f"kernels {g.name} ({len(self.kernels)}):"]
-        for k in self.kernels:
-            members = ", ".join(f"%{i} {g.nodes[i].op}" for i in k.nodes)
-            outs = ", ".join(g.label(i) for i in k.outputs)
-            kind = "" if k.kind == "node" else f" [{k.kind}] -> {outs}"
-            if k.accumulate:
-                kind += " (accumulate " + ", ".join(f"%{m}" for m, _ in k.accumulate) + ")"
-            lines.append(f"  k{k.id}: {members} : {g.nodes[k.root].type}{kind}")
-        if self.boundary is not None:
-            lines.insert(self.boundary + 1, f"  -- update boundary: phase 1 above ({self.boundary} "
-                                            f"kernels), the hook, phase 2 below --")
-        if self.inlined:
-            lines.append("  inlined constants: " + ", ".join(f"%{i}" for i in sorted(self.inlined)))
-        return "\n".join(lines)
 
 
 def forward_nodes(graph) -> frozenset:
@@ -161,18 +74,6 @@ def is_direct_gemm(graph, n) -> bool:
         return False
     x, w = (graph.nodes[i].type for i in n.inputs)
     return w.ndim == 2 and (x.ndim == 2 or not n.attr["ta"]) and n.type.size > 0
-
-
-def rows_flags(shape, operand) -> tuple | None:
-    """How `operand` (a shape) broadcasts over a row kernel's [rows, last axis] domain `shape`:
-    (varies with the row, varies along the last axis), or None when it varies with only some
-    of the leading axes (not expressible as one row index)."""
-    lead = len(shape) - len(operand)
-    full = [ax >= lead and operand[ax - lead] == d for ax, d in enumerate(shape)]
-    rows = [f for ax, f in enumerate(full[:-1]) if shape[ax] != 1]
-    if any(rows) and not all(rows):
-        return None
-    return bool(rows) and all(rows), full[-1] and shape[-1] != 1
 
 
 class _Grouping:

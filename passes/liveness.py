@@ -30,7 +30,7 @@ def intervals(graph, order=None, *, leaves=False, persistent=(), outputs=None,
     """node id -> (first step, last step) for every value that needs an arena buffer in `order`.
     `persistent`: computed values that live outside the arena (e.g. update sources written in
     place into their params' buffers). `outputs`: per step, the values it writes to memory
-    (passes/fuse.py's KernelGraph.outputs_of); `inlined`: constants with no kernel."""
+    (jitgraph/plan.py's KernelGraph.outputs_of); `inlined`: constants with no kernel."""
     order = default_order(graph) if order is None else order
     steps = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in order]
     pos = {nid: t for t, step in enumerate(steps) for nid in step}

@@ -33,98 +33,17 @@ passes/memory_check.py verifies a plan independently.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from jitgraph.ir import LEAF_OPS, base, op_kind, view_offset
 from jitgraph.registry import get_op
+from jitgraph.plan import ALIGN, MemoryPlan, Slot
 
 from .boundary import PREFIX, boundary_values
 from .liveness import intervals, live_bytes
 from .report import Report
-
-ALIGN = 64   # bytes; every slot starts on a cache line
-
-
-CALLER = ("input", "output")   # regions addressed through the driver's per-call pointer table
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where a value lives: `region` "arena" (per-step values) or "persist" (params and
-    optimizer state) at `offset`; or "input" (a program input, where the caller's array lies)
-    or "output" (a graph output, the program's buffer or the caller's array) at `offset` from
-    the address in entry `pointer` of the driver's per-call pointer table."""
-    region: str
-    offset: int
-    nbytes: int
-    pointer: int = 0
-
-
-@dataclass
-class MemoryPlan:
-    slots: dict                 # node id -> Slot (a view: its range of its operand's slot)
-    arena_bytes: int
-    persist_bytes: int
-    params: dict                # param name -> Slot in the persistent region
-    copies: list = field(default_factory=list)    # (param name, node id) copied after the step
-    inplace: dict = field(default_factory=dict)   # param name -> node id written into its slot
-    reuses: dict = field(default_factory=dict)    # node id -> operand whose buffer it takes
-    intervals: dict = field(default_factory=dict)  # arena value -> (first, last) kernel step
-    naive_bytes: int = 0        # one aligned buffer per arena value
-    lower_bound: int = 0        # largest live set of the arena values (bytes)
-    inputs: dict = field(default_factory=dict)    # input name -> Slot in region "input"
-    outputs: dict = field(default_factory=dict)   # output name -> Slot in region "output"
-    gradients: dict = field(default_factory=dict)  # update boundary: param -> Slot in a bucket
-    buckets: list = field(default_factory=list)   # (dtype, offset, nbytes): flat arena ranges
-    pads: list = field(default_factory=list)      # (offset, nbytes) zeroed at the boundary
-
-    @property
-    def pointers(self) -> int:
-        """Entries of the driver's per-call pointer table: the inputs', then the outputs'."""
-        return len(self.inputs) + len(self.outputs)
-
-    def summary(self) -> dict:
-        return {"naive_bytes": self.naive_bytes, "arena_bytes": self.arena_bytes,
-                "lower_bound": self.lower_bound,
-                "vs_naive": round(self.arena_bytes / max(self.naive_bytes, 1), 3),
-                "vs_lower_bound": round(self.arena_bytes / max(self.lower_bound, 1), 3),
-                "inplace_reuses": len(self.reuses), "buffers": len(self.intervals) -
-                len(self.reuses), "persistent_bytes": self.persist_bytes,
-                "updates_in_place": len(self.inplace), "updates_copied": len(self.copies),
-                "input_bytes": sum(s.nbytes for s in self.inputs.values()),
-                "output_bytes": sum(s.nbytes for s in self.outputs.values()),
-                **({"gradient_bytes": sum(s.nbytes for s in self.gradients.values()),
-                    "gradient_bucket_bytes": sum(b[2] for b in self.buckets),
-                    "gradient_buckets": len(self.buckets)} if self.buckets else {})}
-
-    def describe(self, graph) -> str:
-        s = self.summary()
-        lines = [f"memory {graph.name}: arena {self.arena_bytes} B (naive {self.naive_bytes} B, "
-                 f"lower bound {self.lower_bound} B), persistent {self.persist_bytes} B, "
-                 f"{s['inplace_reuses']} in-place reuses; inputs {s['input_bytes']} B read and "
-                 f"outputs {s['output_bytes']} B written where the caller's arrays lie"]
-        for nid, sl in sorted(self.slots.items(), key=lambda kv: (
-                kv[1].region, kv[1].pointer, kv[1].offset,
-                self.intervals.get(kv[0], (-1, -1)), kv[0])):
-            n = graph.nodes[nid]
-            if nid in self.intervals:
-                first, last = self.intervals[nid]
-                live = f" live {first}..{last}"
-            else:
-                live = " view" if op_kind(n.op) == "view" else ""
-            reuse = f" reuses {graph.label(self.reuses[nid])}" if nid in self.reuses else ""
-            where = f"{sl.region}#{sl.pointer}" if sl.region in CALLER else sl.region
-            lines.append(f"  {graph.label(nid):>12} {where}@{sl.offset} +{sl.nbytes}"
-                         f"{live}{reuse} : {n.type}")
-        lines += [f"  gradient bucket {dt}: arena@{off} +{nb}: " + ", ".join(
-            k for k, s in self.gradients.items() if off <= s.offset < off + nb)
-            for dt, off, nb in self.buckets]
-        lines += [f"  update {p} <- %{i} in place" for p, i in self.inplace.items()]
-        lines += [f"  update {p} <- {graph.label(i)} copied after the step" for p, i in self.copies]
-        return "\n".join(lines)
-
 
 def _align(n):
     return -(-n // ALIGN) * ALIGN

@@ -21,8 +21,8 @@ Stages and their switches (jitgraph.compile arguments):
   simplify    always (CSE, dead code, constant folding, transpose flags for matmul)
   checkpoint  when `checkpoint` is given: recompute activations in the backward (policy, see
               passes/checkpoint.py), measuring each candidate with `arena_peak` below
-then the plan of the finished graph (`plan`: the same four stages with the same options
-wherever the arena is measured):
+then the plan of the finished graph (passes/planning.py `plan`: the same four stages with the
+same options wherever the arena is measured; Options and the stage runner live there too):
   views       on a backend whose kinds name "window" (the CPU): contiguous slices become
               windows, views of their operand's buffer, not copies (passes/views.py)
   fuse        always: groups nodes into kernels (`fuse=False`: one kernel per node)
@@ -32,47 +32,16 @@ wherever the arena is measured):
 """
 from __future__ import annotations
 
-import os
-import time
-from dataclasses import dataclass, field
-
 from jitgraph.types import ShapeError
 
 from .attention import store_attention_probs
 from .autodiff import grad
 from .checkpoint import checkpoint
-from .fuse import group_kernels
 from .guard import guard
-from .memory import plan_memory
 from .optimizer import apply_optimizer
 from .patterns import recognise_patterns
-from .schedule import schedule
+from .planning import PLAN_STAGES, Options, State, dump, plan, run_stages
 from .simplify import simplify
-from .views import KIND as WINDOW, window_slices
-
-
-@dataclass
-class Options:
-    loss: str | None = None
-    optimizer: object = None
-    fuse: bool = True
-    plan_memory: bool = True
-    checkpoint: object = None
-    check_finite: bool = False        # guard: a step with a non-finite value changes nothing
-    boundary: bool = False            # update boundary: gradients, hook, update (boundary.py)
-    param_slots: dict | None = None   # internal: place params in another program's region
-    kinds: frozenset | None = None    # the kernel kinds the target lowers (fuse; None: all)
-
-
-@dataclass
-class State:
-    graph: object
-    options: Options
-    kernels: object = None      # passes.fuse.KernelGraph
-    memory: object = None       # passes.memory.MemoryPlan
-    ir: dict = field(default_factory=dict)        # stage -> printed IR
-    reports: list = field(default_factory=list)
-    timings: dict = field(default_factory=dict)   # stage -> seconds
 
 
 def _patterns(st):
@@ -113,24 +82,10 @@ def _checkpoint(st):
     return rep
 
 
-def _views(st):
-    st.graph, rep = window_slices(st.graph, st.options.kinds)
-    return rep
-
-
-def _fuse(st):
-    st.kernels, rep = group_kernels(st.graph, fuse=st.options.fuse, kinds=st.options.kinds)
-    return rep
-
-
-def _schedule(st):
-    st.kernels, rep = schedule(st.kernels)
-    return rep
-
-
-def _memory(st):
-    st.memory, rep = plan_memory(st.kernels, st.options.param_slots, st.options.plan_memory)
-    return rep
+def arena_peak(graph, options=None) -> int:
+    """The arena bytes the plan stages give `graph` with `options` (default: fused, planned):
+    what passes/checkpoint.py measures its candidates by."""
+    return plan(graph, options or Options()).memory.arena_bytes
 
 
 def _always(opts):
@@ -145,57 +100,9 @@ GRAPH_STAGES = [
     ("simplify", _simplify, _always),
     ("checkpoint", _checkpoint, lambda o: o.checkpoint is not None),
 ]
-PLAN_STAGES = [
-    ("views", _views, lambda o: o.kinds is None or WINDOW in o.kinds),
-    ("fuse", _fuse, _always),
-    ("schedule", _schedule, lambda o: o.plan_memory),
-    ("memory", _memory, _always),
-]
 STAGES = GRAPH_STAGES + PLAN_STAGES
 # every IR a Program keeps, in order: the input graph, the stages above, the generated source
 IR_STAGES = ("graph", *(name for name, _, _ in STAGES), "kernels")
-
-
-def _printed(stage, st):
-    if stage in ("fuse", "schedule"):
-        return str(st.kernels)
-    if stage == "memory":
-        return st.memory.describe(st.graph)
-    return str(st.graph)
-
-
-def dump(stage: str, text: str) -> None:
-    d = os.environ.get("JITGRAPH_DUMP")
-    if d:
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, f"{stage}.txt"), "w") as f:
-            f.write(text + "\n")
-
-
-def _run(st, stages, record=False) -> State:
-    for name, fn, enabled in stages:
-        if not enabled(st.options):
-            continue
-        t0 = time.perf_counter()
-        rep = fn(st)
-        st.timings[name] = time.perf_counter() - t0
-        st.reports.append(rep)
-        if record:
-            st.ir[name] = _printed(name, st) + "\n" + str(rep)
-            dump(name, st.ir[name])
-    return st
-
-
-def plan(graph, options: Options) -> State:
-    """fuse -> schedule -> memory over a finished graph with `options`: the kernels and memory
-    plan the pipeline ends with."""
-    return _run(State(graph, options), PLAN_STAGES)
-
-
-def arena_peak(graph, options=None) -> int:
-    """The arena bytes the rest of the pipeline plans for `graph` with `options` (default:
-    fused, planned): what passes/checkpoint.py measures its candidates by."""
-    return plan(graph, options or Options()).memory.arena_bytes
 
 
 def run_pipeline(graph, options: Options) -> State:
@@ -207,7 +114,7 @@ def run_pipeline(graph, options: Options) -> State:
     st = State(graph, options)
     st.ir["graph"] = str(graph)
     dump("graph", st.ir["graph"])
-    return _run(st, STAGES, record=True)
+    return run_stages(st, STAGES, record=True)
 
 
 def describe() -> str:

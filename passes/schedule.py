@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jitgraph.ir import LEAF_OPS, base
+from jitgraph.plan import KernelGraph
 
-from .fuse import KernelGraph
 from .liveness import live_bytes
 from .memory import arena_intervals
 from .report import Report

@@ -31,8 +31,8 @@ class Products:
     """What the compiler hands a Program: the final graph, its kernels and memory plan (from
     passes/), the backend's built code, and the record of how they were made."""
     graph: object          # the Graph after every pass
-    kernels: object        # its KernelGraph (passes/fuse.py)
-    memory: object         # its MemoryPlan (passes/memory.py): slots, region sizes
+    kernels: object        # its KernelGraph (jitgraph/plan.py, made by passes/fuse.py)
+    memory: object         # its MemoryPlan (jitgraph/plan.py): slots, region sizes
     backend: object        # the runtime/backend.py backend that built the code
     module: object         # what backend.generate made (CPU: runtime/cpu/codegen.Generated)
     driver: object         # driver(arena, persist, io) runs one step (runtime/backend.py)
@@ -150,7 +150,7 @@ class Program:
         self.copy_outputs = copy_outputs
         self._products, self._compiler = products, compiler
         self._driver, self._stats = products.driver, products.stats
-        self._tick = getattr(products.backend, "before_step", None)
+        self._tick = products.backend.before_step
         g, plan, backend = products.graph, products.memory, products.backend
         self.graph, self._plan, self._backend = g, plan, backend
         self._addr = _address = backend.address

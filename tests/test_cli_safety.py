@@ -302,7 +302,7 @@ def test_ctrl_c_then_resume_ignoring_options(tmp_path, capsys, monkeypatch):
 
 
 def test_unwritable_cache_dir_warns_once_and_compiles(tmp_path, monkeypatch):
-    from jitgraph.runtime import cache
+    from jitgraph.runtime.cpu import cache
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     root = str(blocker / "cache")
@@ -329,7 +329,7 @@ def test_unwritable_cache_dir_warns_once_and_compiles(tmp_path, monkeypatch):
 
 
 def test_compile_progress_bar_only_on_a_terminal(capsys, monkeypatch):
-    from jitgraph.runtime import cache
+    from jitgraph.runtime.cpu import cache
 
     class Args:
         quiet = False

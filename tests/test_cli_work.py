@@ -238,7 +238,7 @@ def test_a_program_larger_than_memory_is_refused_before_it_is_built(tmp_path, ca
     big = tmp_path / "big.gguf"
     write_llama(big, dataclasses.replace(cfg, ctx=1 << 31), params, tok)
     monkeypatch.setattr(memory, "available", lambda: (64 << 20, "MemAvailable"))
-    from jitgraph.runtime import backend
+    from jitgraph.runtime.cpu import backend
     monkeypatch.setattr(backend.CPU, "build", lambda *a: pytest.fail("built the program"))
     assert cli.main(["generate", str(big), "--ctx", "200000", "--prompt", "Once"]) == 2
     err = capsys.readouterr().err

@@ -38,10 +38,10 @@ def generated(graph, **opts):
     """The CUDA backend's kernels for `graph` (the pipeline's kernel graph and memory plan, the
     real GPU's launch configuration), without a device."""
     from jitgraph.passes.pipeline import Options, run_pipeline
-    from jitgraph.runtime.cuda import codegen
+    from jitgraph.runtime.cuda import program
     from jitgraph.runtime.cuda.backend import KINDS
     st = run_pipeline(graph, Options(kinds=KINDS, **opts))
-    gen = codegen.generate(st.kernels, st.memory, tpb=256, tile=16)
+    gen = program.generate(st.kernels, st.memory, tpb=256, tile=16)
     gen.kinds = {}       # kernel -> (fused kind, op of its root) of the KernelGraph kernel it runs
     for ln in gen.launches:
         if ln.kg_kernel >= 0:

@@ -1,4 +1,4 @@
-"""The CPU driver (runtime/cpu/codegen.py, runtime/backend.Driver): LLVM IR calling the kernels
+"""The CPU driver (runtime/cpu/codegen.py, runtime/cpu/backend.Driver): LLVM IR calling the kernels
 in order, compiled by llvmlite without numba, so its build does not grow with the program's
 length; a deep program of identical layers compiles no numba function at all once its layer's
 kernels are loaded, and computes what the interpreter computes."""

@@ -7,7 +7,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph.ops import apply
-from jitgraph.passes.fuse import rows_flags
+from jitgraph.plan import rows_flags
 from jitgraph.passes.pipeline import Options, run_pipeline
 from jitgraph.runtime.cpu.lower import PARALLEL_MIN_WORK
 

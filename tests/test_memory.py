@@ -15,7 +15,7 @@ import jitgraph as jg
 from jitgraph import interp, optim
 from jitgraph.registry import get_op
 from jitgraph.passes.fuse import group_kernels
-from jitgraph.passes.memory import ALIGN, Slot
+from jitgraph.plan import ALIGN, Slot
 from jitgraph.passes.memory_check import check_plan
 from jitgraph.passes.pipeline import Options, run_pipeline
 from jitgraph.passes.schedule import schedule

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 
 import jitgraph as jg
-from jitgraph.runtime import cache
+from jitgraph.runtime.cpu import cache
 
 SCRIPT = textwrap.dedent("""
     import json, numpy as np, jitgraph as jg
@@ -65,7 +65,7 @@ def test_module_names_change_with_the_runtime_library_source(monkeypatch):
     import hashlib
     from pathlib import Path
     h = hashlib.sha256()
-    for f in sorted((Path(cache.__file__).parent / "cpu").glob("*.py")):
+    for f in sorted(Path(cache.__file__).parent.glob("*.py")):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     assert cache.runtime_source_hash() == h.hexdigest()[:16]
     assert cache.runtime_source_hash() in cache.toolchain()
@@ -125,7 +125,7 @@ def test_runtime_library_cache_goes_stale_when_any_runtime_source_changes():
 
 HELPERS = textwrap.dedent("""
     import json, sys, numpy as np, jitgraph as jg
-    from jitgraph.runtime import cache
+    from jitgraph.runtime.cpu import cache
     if sys.argv[1] == "failing":      # helpers that die at once: this process compiles all
         import subprocess
         cache._start_helpers = lambda todo, claims: [subprocess.Popen(

@@ -106,7 +106,7 @@ def compile_progress(args, what):
         yield
         return
     from tqdm import tqdm
-    from ..runtime import cache
+    from ..runtime.cpu import cache
     bar = None
 
     def report(done, total):

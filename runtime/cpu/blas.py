@@ -30,7 +30,7 @@ from numba.core import config as numba_config
 from numba.core import cgutils
 from numba.extending import get_cython_function_address, intrinsic, overload
 
-from ..cache import install_runtime_locator
+from .cache import install_runtime_locator
 
 install_runtime_locator()
 

@@ -5,12 +5,12 @@ values) and `persist` (params and optimizer state) — at its offset, or, for th
 "input" and "output", in a caller's array whose address is entry `pointer` of the int64 table
 `io` the executor fills each call (inputs read where they lie, outputs written into the
 caller's arrays). Each kernel is compiled as a numba `cfunc` that takes buffer addresses
-(shapes are constants), and registered as the symbol `jitgraph_<name>` (runtime/cache.py). The
+(shapes are constants), and registered as the symbol `jitgraph_<name>` (runtime/cpu/cache.py). The
 driver `DRIVER(arena, persist, io)` is LLVM IR text: the straight-line calls of those symbols,
 in order, with base address + offset, then the copies into params (llvm.memcpy). A step is one
 Python->native call; the driver never links the kernels' code into its own and needs no
 optimisation, so llvmlite compiles it fast even at hundreds of calls
-(runtime/backend.Driver), and each kernel is compiled (and cached) once whatever program uses
+(runtime/cpu/backend.Driver), and each kernel is compiled (and cached) once whatever program uses
 it. Each call is preceded by the IR node it implements as a `;` comment, so the source reads
 as an IR dump. With an update boundary (passes/boundary.py: `kg.boundary` phase-1 kernels) the
 driver is `DRIVER(arena, persist, io, phase)`: phase 1 runs the phase-1 kernels and zeroes the
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jitgraph.plan import CALLER   # the memory plan's regions addressed through the io table
 from jitgraph.printer import format_node
 from jitgraph.types import TensorType
 
+from ..kernelgen import NP_DTYPE, literal
 from . import fused, lower
 from .table import lowering
-
-CALLER = ("input", "output")   # the memory plan's regions addressed through the io table
 
 ENTRY_HEADER = '''"""jitgraph kernel (generated; the file name is a hash of this text and the toolchain)."""
 import math
@@ -86,8 +86,8 @@ def entry_module(graph, call, name_of):
             shape, dt = a.shape or (a.size,), a.dtype
         else:
             shape, dt = a[1], graph.nodes[a[0]].type.dtype
-        cargs.append(f"carray(ptr({params[-1]}), {lower.literal(tuple(shape))}, "
-                     f"{lower.NP_DTYPE[dt]})")
+        cargs.append(f"carray(ptr({params[-1]}), {literal(tuple(shape))}, "
+                     f"{NP_DTYPE[dt]})")
     text = ENTRY_HEADER + "".join(ln + "\n" for ln in call.imports)
     fm = f", fastmath={lower.FASTMATH}" if call.fastmath else ""
     if call.source is None:
@@ -160,7 +160,7 @@ def generate(kg, plan, name_of) -> Generated:
     head = [comment(f"jitgraph driver for graph {g.name} (generated)", ";"),
             comment("DRIVER(arena, persist, io" + (", phase" if split else "") +
                     "): one step, the kernels called in order at base address + offset", ";"),
-            comment("(LLVM IR, compiled by llvmlite: runtime/backend.Driver)", ";")]
+            comment("(LLVM IR, compiled by llvmlite: runtime/cpu/backend.Driver)", ";")]
     head += [comment(f"io[{s.pointer}]: {s.region} {k}", ";") for k, s in
              [*plan.inputs.items(), *plan.outputs.items()]]
     decls = sorted((k, n) for k, (_, n) in kernels.items())
@@ -177,7 +177,7 @@ BOUNDARY = "; -- update boundary --"
 
 class _Driver:
     """The driver as LLVM IR text: straight-line calls of the kernels' C entry points
-    (`void jitgraph_<name>(i64 address, ...)`, the symbols runtime/cache.py registers), then
+    (`void jitgraph_<name>(i64 address, ...)`, the symbols runtime/cpu/cache.py registers), then
     the update copies (llvm.memcpy, or llvm.memmove within one region), and at the update
     boundary the zeroing of the bucket pads (llvm.memset). Every address is an i64: the arena
     `%a`, the persistent region `%p`, or entry n of the io table, `%io<n>` (loaded once per
@@ -255,7 +255,7 @@ class _Driver:
             phase=", i32 %phase" if split else "").splitlines() + [""]
 
 
-# What the Python side calls (runtime/backend.Driver): the addresses of the arena, the
+# What the Python side calls (runtime/cpu/backend.Driver): the addresses of the arena, the
 # persistent region and the io table, stored once into DRIVER.ctx, and the phase (0 unphased).
 THUNK = """@DRIVER.ctx = global [3 x i64] zeroinitializer
 

@@ -10,40 +10,28 @@ stops LLVM from vectorising f32 loops.
 """
 from __future__ import annotations
 
-import re
-
+from jitgraph.plan import rows_flags
 from jitgraph.registry import get_op
 
-from jitgraph.passes.fuse import rows_flags
-
-from ..kernelgen import feeding
-from . import rules     # ELEMENTWISE: the CPU spelling of elementwise ops (rules imports us too)
-from .lower import (FMAX_IMPORTS, NP_DTYPE, PARALLEL_MIN_WORK, Call, Workspace, aligned, collapse,
-                    literal, matmul_operands, reduce_pattern, reduction, transposed_weight)
-
-_FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)")
-
-
-def typed_literal(v, dtype) -> str:
-    lit = literal(v)
-    return f"np.float32({lit})" if dtype == "f32" and isinstance(v, float) else lit
+from .. import kernelgen
+from ..kernelgen import (NP_DTYPE, collapse, feeding, literal, matmul_operands, reduce_pattern,
+                         typed_literal)
+from . import spelling
+from .lower import FMAX_IMPORTS, PARALLEL_MIN_WORK, Call, Workspace, aligned, reduction, \
+    transposed_weight
 
 
 def scalar_expr(n, args) -> str:
     """Node n's value from operand expressions `args`, cast to its dtype: the op's expression
-    as this backend spells it (runtime/cpu/rules.py ELEMENTWISE)."""
-    dt = n.type.dtype
-    template = rules.ELEMENTWISE.expr(n.op, dt)
-    if dt == "f32":
-        template = _FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
-    attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
-    return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
+    as this backend spells it (runtime/cpu/spelling.py)."""
+    return kernelgen.scalar_expr(n, args, spelling.expr(n.op, n.type.dtype))
 
 
 def cost(n) -> int:
     """Relative cost of one element of node n: 1 + its math calls and divisions."""
     e = get_op(n.op).expr or ""
     return 1 + e.count("math.") + e.count("/")
+
 
 
 class Builder:
@@ -328,7 +316,7 @@ def rows(g, kernel, inlined, slot_of, rule):
     b = Builder(g, inlined)
     passes, final = rule.passes, rule.final
     ins = [slot_of(i) for i in externals(g, kernel.nodes, b.vals)]
-    fmt = {"T": NP_DTYPE[n.type.dtype], "D": D, "exp": rules.approx("exp", n.type.dtype),
+    fmt = {"T": NP_DTYPE[n.type.dtype], "D": D, "exp": spelling.approx("exp", n.type.dtype),
            "eps": typed_literal(n.attr.get("eps", 0.0), "f64")}
     if rule.stored and n.id in kernel.outputs and not any(_overlap(slot_of(n.id), s) for s in ins):
         passes, final = rule.stored
@@ -378,7 +366,7 @@ def cross_entropy(g, kernel, inlined):
     lg, tg, gg = (g.nodes[i] for i in back.inputs)
     N, C = lg.type.shape
     T = NP_DTYPE[lg.type.dtype]
-    ex = rules.approx("exp", lg.type.dtype)
+    ex = spelling.approx("exp", lg.type.dtype)
     labels = tg.type.dtype == "i32"
     la = b.arg((lg.id, (N, C)))
     ta = b.arg((tg.id, (N,) if labels else (N, C)))

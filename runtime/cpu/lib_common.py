@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from ..cache import install_runtime_locator
+from .cache import install_runtime_locator
 from .thresholds import PAR_MIN_WORK  # noqa: F401  (the lib_*.py kernels' prange bound)
 
 install_runtime_locator()

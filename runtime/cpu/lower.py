@@ -7,11 +7,12 @@ kernel whatever the shapes; only the parallel decision depends on the size.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from ..backend import ALIGN
-from ..kernelgen import batch_index
+from jitgraph.plan import ALIGN
+
+from ..kernelgen import (NP_DTYPE, batch_index, literal, matmul_operands, prod as _prod,
+                         reduce_pattern)
 # a kernel runs its outer loop with prange when elements * cost >= PARALLEL_MIN_WORK, cost being
 # 1 + the math calls and divisions of its expression
 from .thresholds import PARALLEL_MIN_WORK
@@ -23,9 +24,6 @@ FMAX_IMPORTS = ("from jitgraph.runtime.cpu.minmax import fmaximum",)
 # fastmath flags of kernels whose reductions may be reassociated (rows kernels): LLVM then
 # vectorises their sums and maxima; no nnan/ninf, so NaN and inf behave as without them
 FASTMATH = '{"reassoc", "nsz", "contract"}'
-
-NP_DTYPE = {"f32": "np.float32", "f64": "np.float64", "i32": "np.int32"}
-
 
 @dataclass
 class Call:
@@ -48,21 +46,6 @@ class Workspace:
     offset: int = 0
 
 
-def literal(v) -> str:
-    """A Python literal for an attribute value (floats keep full precision; inf/nan spelled)."""
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "math.nan"
-        if math.isinf(v):
-            return "math.inf" if v > 0 else "-math.inf"
-        return repr(v)
-    if isinstance(v, bool):
-        return repr(v)
-    if isinstance(v, tuple):
-        return "(" + ", ".join(literal(x) for x in v) + ("," if len(v) == 1 else "") + ")"
-    return repr(v)
-
-
 def _kernel(params, lines):
     return tuple(params), tuple(lines)
 
@@ -71,55 +54,7 @@ def _range(parallel):
     return "prange" if parallel else "range"
 
 
-# ---- elementwise --------------------------------------------------------------------------
-def collapse(out_shape, in_shapes):
-    """Merge adjacent axes with the same broadcast pattern and drop size-1 output axes.
-
-    Returns (collapsed output shape, [per-input tuple of bools: True where the input is full]).
-    Always at least one axis.
-    """
-    nd = len(out_shape)
-    pats = []   # per kept axis: (size, tuple of full flags)
-    for ax, d in enumerate(out_shape):
-        if d == 1:
-            continue
-        flags = tuple(ax - (nd - len(s)) >= 0 and s[ax - (nd - len(s))] == d for s in in_shapes)
-        if pats and pats[-1][1] == flags:
-            pats[-1] = (pats[-1][0] * d, flags)
-        else:
-            pats.append((d, flags))
-    if not pats:
-        pats = [(1, tuple(True for _ in in_shapes))]
-    shape = tuple(d for d, _ in pats)
-    full = [tuple(f[j] for _, f in pats) for j in range(len(in_shapes))]
-    return shape, full
-
-
 # ---- reductions ---------------------------------------------------------------------------
-def reduce_pattern(shape, axes, in_shapes=()):
-    """Collapse to alternating kept ('K') / reduced ('R') axes; size-1 axes dropped. Adjacent
-    axes also stay apart where an operand of a fused prologue (`in_shapes`, broadcasting into
-    `shape`) is full on one and broadcast on the other. There is always a reduced axis: when
-    nothing is reduced (no axes, or only size-1 ones) a trailing 'R' of size 1 stands for it,
-    so every output element reduces one element and one loop nest serves every case.
-    Returns (pats, full flags per operand)."""
-    nd = len(shape)
-    pats = []   # (size, kind, flags)
-    for ax, d in enumerate(shape):
-        if d == 1:
-            continue
-        flags = tuple(ax - (nd - len(s)) >= 0 and s[ax - (nd - len(s))] == d for s in in_shapes)
-        kind = "R" if ax in axes else "K"
-        if pats and pats[-1][1:] == (kind, flags):
-            pats[-1] = (pats[-1][0] * d, kind, flags)
-        else:
-            pats.append((d, kind, flags))
-    if all(kind != "R" for _, kind, _ in pats):
-        pats.append((1, "R", tuple(True for _ in in_shapes)))
-    return [(d, k) for d, k, _ in pats], [tuple(p[2][j] for p in pats)
-                                          for j in range(len(in_shapes))]
-
-
 def plain_element(subs, store):
     """The reduction operand itself at index `subs` (no prologue)."""
     return [], "x[" + ", ".join(subs) + "]"
@@ -347,20 +282,3 @@ def matmul(graph, n):
             (w.id, (_prod(ws[:-2]),) + ws[-2:]), (n.id, (nb,) + os_[-2:])]
     imp = (f"from jitgraph.runtime.cpu.blas import {gemm}",)
     return [Call("KERNEL", args, src, False, imp)]
-
-
-def matmul_operands(graph, n):
-    """(w node, x arg, output 2-D shape) of a matmul run as one 2-D GEMM (batched x folded
-    into rows)."""
-    x, w = (graph.nodes[i] for i in n.inputs)
-    os_ = n.type.shape
-    rows = n.type.size // os_[-1] if os_[-1] else _prod(os_[:-1])
-    return w, (x.id, x.type.shape if x.type.ndim == 2 else (rows, x.type.shape[-1])), \
-        (rows, os_[-1])
-
-
-def _prod(shape):
-    p = 1
-    for d in shape:
-        p *= d
-    return p

@@ -3,62 +3,32 @@
 A rule runs one op: `node(graph, n, slot_of)` -> [Call] runs node n as a kernel of its own (None:
 this build has no kernel for it); `kernel(graph, kg, kernel, slot_of)` -> [Call] runs a fused
 kernel of passes/fuse.py that the op anchors (its `anchor`). An elementwise op needs no entry:
-ELEMENTWISE lowers every one from its scalar expression, this backend's spelling (EXPR) where it
-has one, else the op's portable one (OpDef.expr).
+ELEMENTWISE lowers every one from its scalar expression, this backend's spelling
+(runtime/cpu/spelling.py) where it has one, else the op's portable one (OpDef.expr).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from jitgraph.registry import get_op, row_axis
-from jitgraph.passes.fuse import Kernel
+from jitgraph.plan import Kernel
+from jitgraph.registry import row_axis
 
+from ..kernelgen import literal
 from . import fused, lower
-from .lower import Call, Workspace, literal
-
-
-def approx(name, dtype) -> str:
-    """The function of runtime/cpu/approx.py computing `name` in `dtype`, as generated code
-    (which imports that module) calls it: approx.f<name> for f32, approx.d<name> otherwise.
-    Generated code names the function of its dtype rather than approx's generic v<name>:
-    numba inlines a generic overload used twice in one function with an SSA warning."""
-    return f"approx.{'f' if dtype == 'f32' else 'd'}{name}"
-
-
-def _approx(name, arity=1):
-    args = ", ".join(f"{{{i}}}" for i in range(arity))
-    return {dt: f"{approx(name, dt)}({args})" for dt in ("f32", "f64")}
-
-
-# The CPU spelling of the elementwise ops whose portable expression calls libm, per dtype: the
-# branch-free functions of runtime/cpu/approx.py (within 3 ulp in f32, 2 ulp in f64). One libm
-# call (math.exp, math.log1p, ...) in a loop keeps LLVM from vectorising the whole loop, so in
-# a fused kernel it made every member scalar (and the fused kernel slower than the unfused
-# ones; bench/README.md: "Figures behind the code", approx). Still libm:
-# float64 pow and round_f16 (frexp, ldexp); a fused kernel holding one of them runs scalar.
-EXPR = {**{op: _approx(op) for op in ("exp", "log", "tanh", "sigmoid", "softplus", "silu",
-                                      "gelu")},
-        **{op: _approx(op, 2) for op in ("silu_back", "gelu_back")},
-        "pow": {"f32": "approx.fpow({0}, {p})"}}
+from .lower import Call, Workspace
 
 
 class Elementwise:
-    """Any elementwise op: its expression inside the loops of runtime/cpu/fused.py, `exprs[op]
-    [dtype]` (this backend's spelling) when there is one, else OpDef.expr."""
-
-    def __init__(self, exprs):
-        self.exprs = exprs
-
-    def expr(self, op, dtype) -> str:
-        return self.exprs.get(op, {}).get(dtype) or get_op(op).expr
+    """Any elementwise op: its expression (runtime/cpu/spelling.py) inside the loops of
+    runtime/cpu/fused.py."""
 
     def node(self, graph, n, slot_of):
         return [fused.elementwise(graph, Kernel(0, (n.id,), "elementwise", (n.id,)), (),
                                   slot_of=slot_of)]
 
 
-ELEMENTWISE = Elementwise(EXPR)
+ELEMENTWISE = Elementwise()
 
 
 def _library():

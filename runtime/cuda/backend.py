@@ -35,6 +35,7 @@ class CUDA:
     """numba-cuda on an NVIDIA GPU (or numba's simulator, NUMBA_ENABLE_CUDASIM=1)."""
     name = "cuda"
     kinds = KINDS
+    before_step = None      # nothing to adjust between steps
 
     def __init__(self):
         self.cuda = device.require()
@@ -47,7 +48,7 @@ class CUDA:
 
     # ---- generate / build -----------------------------------------------------------------
     def generate(self, kernels, plan):
-        from .codegen import generate, listing
+        from .program import generate, listing
         gen = generate(kernels, plan, self.tpb, self.tile, self.max_blocks)
         return gen, listing(gen, kernels.graph)
 

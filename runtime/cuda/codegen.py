@@ -31,15 +31,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jitgraph.plan import CALLER
 from jitgraph.printer import format_node
 from jitgraph.registry import get_op
 from jitgraph.types import TensorType
 
-from ..cpu.fused import typed_literal, _FLOAT
-from ..cpu.lower import NP_DTYPE, collapse, matmul_operands, reduce_pattern
-from ..kernelgen import batch_index, feeding
-
-CALLER = ("input", "output")
+from .. import kernelgen
+from ..kernelgen import (NP_DTYPE, batch_index, collapse, feeding, matmul_operands, reduce_pattern,
+                         typed_literal)
 
 HEADER = '''"""jitgraph CUDA kernels (generated)."""
 import math
@@ -117,10 +116,7 @@ def scalar_expr(n, args) -> str:
     template = get_op(n.op).expr
     if template is None:
         raise Unsupported(f"op {n.op} has no scalar expression")
-    if dt == "f32":
-        template = _FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
-    attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
-    return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
+    return kernelgen.scalar_expr(n, args, template)
 
 
 def half(expr, dt) -> str:
@@ -621,81 +617,8 @@ def fill_words(ctx, ref: Ref, note="") -> Launch:
     return src.finish((ctx.blocks(n),), (ctx.tpb,), note)
 
 
-def _words(base, offset, nbytes) -> Ref:
+def words(base, offset, nbytes) -> Ref:
     return Ref(base, offset, (nbytes // 4,), "uint32")
-
-
-# ---- the program ------------------------------------------------------------------------------
-def lower_kernel(ctx, k) -> list:
-    """The launches running KernelGraph kernel `k`."""
-    from .table import lower_node
-    g = ctx.g
-    note = f"k{k.id}"
-    if k.kind == "node":
-        return lower_node(ctx, g.nodes[k.root], note)
-    if k.kind == "elementwise":
-        return elementwise(ctx, list(k.nodes), list(k.outputs), note)
-    if k.kind == "gemm":
-        return gemm_kernel(ctx, k, note)
-    if k.kind == "reduce":
-        n = g.nodes[k.anchor]
-        return reduction(ctx, n, [m for m in k.nodes if m != n.id], k.outputs, note)
-    if k.kind == "cross_entropy":
-        fwd, back = (g.nodes[m] for m in k.nodes)
-        return cross_entropy(ctx, fwd, back, note)
-    if k.kind == "rows":
-        return rows(ctx, g.nodes[k.anchor], list(k.nodes), list(k.outputs), note)
-    n = g.nodes[k.anchor if k.anchor is not None else k.root]
-    raise ctx.unsupported(n, f" in a fused {k.kind} kernel")
-
-
-def generate(kg, plan, tpb=128, tile=16, max_blocks=4096) -> Generated:
-    ctx = Context(kg, plan, tpb, tile, max_blocks)
-    g = kg.graph
-    launches = []
-    split = kg.boundary is not None
-    for k in kg.kernels:
-        phase = 2 if split and k.id >= kg.boundary else 1
-        for ln in lower_kernel(ctx, k):
-            ln.phase, ln.kg_kernel = phase, k.id
-            launches.append(ln)
-    if split:
-        for off, nbytes in plan.pads:
-            ln = fill_words(ctx, _words("arena", off, nbytes), "pads")
-            ln.phase = 1
-            launches.append(ln)
-    for name, nid in plan.copies:
-        s, d = plan.slots[nid], plan.params[name]
-        base = s.pointer if s.region in CALLER else s.region
-        ln = copy_words(ctx, _words(base, s.offset, d.nbytes), _words("persist", d.offset,
-                                                                       d.nbytes), "copy")
-        ln.phase = 2 if split else 1
-        launches.append(ln)
-    src = HEADER + f"TPB = {tpb}\n\n\n" + "\n\n".join(ctx.kernels[k] for k in
-                                                     sorted(ctx.kernels))
-    work = ctx.work_at + ctx.work - plan.arena_bytes if ctx.work else 0
-    gen = Generated(dict(ctx.kernels), launches, src, work, 2 if split else 1, tpb, tile)
-    gen.plan_bytes = {"arena": plan.arena_bytes + work, "persist": plan.persist_bytes,
-                      "outputs": sum(s.nbytes for s in plan.outputs.values())}
-    for k, s in plan.inputs.items():
-        t = g.nodes[g.inputs[k]].type
-        gen.inputs[s.pointer] = (s.nbytes, t.np_dtype, t.shape)
-    for k, s in plan.outputs.items():
-        t = g.nodes[g.outputs[k]].type
-        gen.outputs[s.pointer] = (s.nbytes, t.np_dtype, t.shape)
-    return gen
-
-
-def listing(gen: Generated, g) -> str:
-    """The text Program.ir("kernels") shows: the launch sequence, then the kernels' source."""
-    lines = [f"# jitgraph CUDA step for graph {g.name}: {len(gen.launches)} launches, "
-             f"{len(gen.kernels)} kernels"]
-    for ln in gen.launches:
-        args = ", ".join(a if isinstance(a, str) else
-                         f"{'io[%d]' % a.base if isinstance(a.base, int) else a.base}"
-                         f"+{a.offset}:{a.dtype}{list(a.shape)}" for a in ln.args)
-        lines.append(f"# {ln.note} phase {ln.phase}: {ln.kernel}[{ln.grid}, {ln.block}]({args})")
-    return "\n".join(lines) + "\n\n" + gen.source
 
 
 # ---- row ops over the last axis -----------------------------------------------------------------
@@ -736,7 +659,7 @@ def rows(ctx, n, members=None, outputs=None, note="") -> list:
     the threads stride over the row accumulating, then shared-memory tree reductions; the last
     loop computes the op's value and the fused epilogue and stores the outputs. `members`
     (fused: prologue, n, epilogue, in order; default n alone)."""
-    from jitgraph.passes.fuse import rows_flags
+    from jitgraph.plan import rows_flags
     from jitgraph.registry import row_axis
     g = ctx.g
     if n.op not in ROWS:
@@ -858,7 +781,7 @@ def get_rows_back(ctx, n, note="") -> list:
     E = _prod(n.type.shape[1:])
     s = ctx.plan.slots[n.id]
     base = s.pointer if s.region in CALLER else s.region
-    launches = [fill_words(ctx, _words(base, s.offset, n.type.nbytes), note + " zero")]
+    launches = [fill_words(ctx, words(base, s.offset, n.type.nbytes), note + " zero")]
     src = Source(ctx)
     gv, ix = src.arg(ctx.ref(g_.id)), src.arg(ctx.ref(idx.id))
     o = src.arg(ctx.ref(n.id), "o")
@@ -1268,7 +1191,7 @@ def attention_back(ctx, n, note="") -> list:
     s_ = ctx.plan.slots[n.id]
     base = s_.pointer if s_.region in CALLER else s_.region
     itemsize = n.type.nbytes // max(n.type.size, 1)
-    launches = [fill_words(ctx, _words(base, s_.offset + nq * itemsize, 2 * nk * itemsize),
+    launches = [fill_words(ctx, words(base, s_.offset + nq * itemsize, 2 * nk * itemsize),
                            note + " zero dk dv")]
     r = src.arg(ctx.ref(n.id), "o")
     scale = typed_literal(float(n.attr["scale"]), dt)

@@ -12,7 +12,7 @@ ignores options). Files are compiled with numba `cache=True`, whose machine code
 Each file's first line is a checksum of the rest: a truncated or edited file is detected and
 rewritten, and its numba cache files are dropped. Layout: $JITGRAPH_CACHE_DIR (default
 ~/.cache/jitgraph) / v<format> / k_<hash>.py (kernels) and d_<hash>.ll (drivers: LLVM IR that
-llvmlite compiles in each process, quickly; runtime/backend.Driver). When that
+llvmlite compiles in each process, quickly; runtime/cpu/backend.Driver). When that
 directory cannot be created or written, one RuntimeWarning says so and the process compiles
 into a private temporary cache (removed at exit) instead.
 
@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 
 FORMAT = 1
-_RUNTIME_CPU = (Path(__file__).parent / "cpu").resolve()   # the CPU runtime's sources
+_RUNTIME_CPU = Path(__file__).parent.resolve()   # the CPU runtime's sources (this package)
 _CHECK = "# jitgraph-checksum: "     # the first line of a .py module; ";" for .ll (LLVM IR)
 
 
@@ -276,7 +276,7 @@ def _start_helpers(todo, claims):
     for _ in range(n):
         try:
             helpers.append(subprocess.Popen(
-                [sys.executable, "-c", "import sys; from jitgraph.runtime.cache import "
+                [sys.executable, "-c", "import sys; from jitgraph.runtime.cpu.cache import "
                  "compile_modules; compile_modules(sys.argv[1], sys.argv[2:])", str(claims),
                  *map(str, todo)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -289,7 +289,7 @@ def _start_helpers(todo, claims):
 def compile_modules(claims, paths) -> None:
     """A helper process's work: import each module of `paths` it claims (numba compiles it into
     its cache)."""
-    from .cpu.threading import configure
+    from .threading import configure
     configure()
     from numba.np.ufunc.parallel import _launch_threads
     _launch_threads()

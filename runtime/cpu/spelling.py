@@ -1,0 +1,37 @@
+"""The CPU backend's spelling of elementwise ops: the expression each computes inside the loops
+of runtime/cpu/fused.py (rules.py ELEMENTWISE), calling runtime/cpu/approx.py where the portable
+expression (OpDef.expr) calls libm."""
+from __future__ import annotations
+
+from jitgraph.registry import get_op
+
+
+def approx(name, dtype) -> str:
+    """The function of runtime/cpu/approx.py computing `name` in `dtype`, as generated code
+    (which imports that module) calls it: approx.f<name> for f32, approx.d<name> otherwise.
+    Generated code names the function of its dtype rather than approx's generic v<name>:
+    numba inlines a generic overload used twice in one function with an SSA warning."""
+    return f"approx.{'f' if dtype == 'f32' else 'd'}{name}"
+
+
+def _approx(name, arity=1):
+    args = ", ".join(f"{{{i}}}" for i in range(arity))
+    return {dt: f"{approx(name, dt)}({args})" for dt in ("f32", "f64")}
+
+
+# The CPU spelling of the elementwise ops whose portable expression calls libm, per dtype: the
+# branch-free functions of runtime/cpu/approx.py (within 3 ulp in f32, 2 ulp in f64). One libm
+# call (math.exp, math.log1p, ...) in a loop keeps LLVM from vectorising the whole loop, so in
+# a fused kernel it made every member scalar (and the fused kernel slower than the unfused
+# ones; bench/README.md: "Figures behind the code", approx). Still libm:
+# float64 pow and round_f16 (frexp, ldexp); a fused kernel holding one of them runs scalar.
+EXPR = {**{op: _approx(op) for op in ("exp", "log", "tanh", "sigmoid", "softplus", "silu",
+                                      "gelu")},
+        **{op: _approx(op, 2) for op in ("silu_back", "gelu_back")},
+        "pow": {"f32": "approx.fpow({0}, {p})"}}
+
+
+def expr(op, dtype) -> str:
+    """Op's scalar expression template in `dtype` as this backend spells it: EXPR's where it
+    has one, else the op's portable OpDef.expr."""
+    return EXPR.get(op, {}).get(dtype) or get_op(op).expr
