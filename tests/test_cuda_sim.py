@@ -376,6 +376,21 @@ def _same_params(progs, seed, scale=0.4):
             p.params[k] = v
 
 
+def _steps_agree(cpu, gpu, rng, steps=2):
+    """`steps` llama training steps on random tokens: the CUDA program's losses and params equal
+    the CPU program's."""
+    pos = np.arange(4, dtype=np.int32)
+    for s in range(steps):
+        tok = rng.integers(0, 11, (1, 4)).astype(np.int32)
+        lab = rng.integers(0, 11, (1, 4)).astype(np.int32)
+        rc = cpu.step(tokens=tok, pos=pos, labels=lab)
+        rg = gpu.step(tokens=tok, pos=pos, labels=lab)
+        np.testing.assert_allclose(rg["loss"], rc["loss"], rtol=1e-5, err_msg=f"step {s}")
+    for k in cpu.params:
+        np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-4, atol=1e-6,
+                                   err_msg=k)
+
+
 @sim_only
 def test_partial_rope_llama_and_lora_steps_match_the_cpu_target():
     """A 1-layer llama with rope on part of each head (slice, concat, and their gradients)
@@ -384,7 +399,6 @@ def test_partial_rope_llama_and_lora_steps_match_the_cpu_target():
     from jitgraph.models.llama import LlamaConfig, llama_forward
     cfg = LlamaConfig(vocab=11, dim=8, layers=1, heads=2, ff=8, ctx=8, rope_dims=2)
     rng = np.random.default_rng(8)
-    pos = np.arange(4, dtype=np.int32)
     for graph in (lambda: llama_forward(cfg, 1, 4, labels=True),
                   lambda: jg.lora(llama_forward(cfg, 1, 4, labels=True), rank=2, alpha=4.0)):
         opt = dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-2))
@@ -392,15 +406,7 @@ def test_partial_rope_llama_and_lora_steps_match_the_cpu_target():
         used = {getattr(n, "op", None) for n in cpu._products.graph.nodes}
         assert {"slice", "concat"} <= used, used
         _same_params([cpu, gpu], 9)
-        for s in range(2):
-            tok = rng.integers(0, 11, (1, 4)).astype(np.int32)
-            lab = rng.integers(0, 11, (1, 4)).astype(np.int32)
-            rc = cpu.step(tokens=tok, pos=pos, labels=lab)
-            rg = gpu.step(tokens=tok, pos=pos, labels=lab)
-            np.testing.assert_allclose(rg["loss"], rc["loss"], rtol=1e-5, err_msg=f"step {s}")
-        for k in cpu.params:
-            np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-4, atol=1e-6,
-                                       err_msg=k)
+        _steps_agree(cpu, gpu, rng)
 
 
 @sim_only
@@ -413,7 +419,6 @@ def test_architecture_steps_match_the_cpu_target(arch):
     cfg = LlamaConfig(vocab=11, dim=8, layers=1, heads=2, kv_heads=1, ff=8, ctx=8, arch=arch,
                       rope_freqs=arch == "llama", tied=arch != "phi3")
     rng = np.random.default_rng(3)
-    pos = np.arange(4, dtype=np.int32)
     opt = dict(loss="loss", optimizer=jg.optim.AdamW(lr=1e-2))
     cpu = jg.compile(llama_forward(cfg, 1, 4, labels=True), **opt)
     gpu = jg.compile(llama_forward(cfg, 1, 4, labels=True), target="cuda", **opt)
@@ -422,15 +427,7 @@ def test_architecture_steps_match_the_cpu_target(arch):
         for k in prog.params:
             if k.endswith((".bias", "rope_freqs.weight")):     # not their zero / one inits
                 prog.params[k] = np.random.default_rng(5).uniform(0.5, 4.0, prog.params[k].shape)
-    for s in range(2):
-        tok = rng.integers(0, 11, (1, 4)).astype(np.int32)
-        lab = rng.integers(0, 11, (1, 4)).astype(np.int32)
-        rc = cpu.step(tokens=tok, pos=pos, labels=lab)
-        rg = gpu.step(tokens=tok, pos=pos, labels=lab)
-        np.testing.assert_allclose(rg["loss"], rc["loss"], rtol=1e-5, err_msg=f"step {s}")
-    for k in cpu.params:
-        np.testing.assert_allclose(gpu.params[k], cpu.params[k], rtol=1e-4, atol=1e-6,
-                                   err_msg=k)
+    _steps_agree(cpu, gpu, rng)
 
 
 @sim_only
