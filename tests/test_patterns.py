@@ -6,7 +6,7 @@ import pytest
 
 import jitgraph as jg
 from jitgraph import ops
-from jitgraph.cli import STAGES as CLI_STAGES
+from jitgraph.cli.main import STAGES as CLI_STAGES
 from jitgraph.registry import OPS
 from jitgraph.passes.autodiff import grad
 from jitgraph.passes.patterns import recognise_patterns
