@@ -8,6 +8,22 @@ import numpy as np
 DTYPES = {"f32": np.float32, "f64": np.float64, "i32": np.int32}
 FLOAT_DTYPES = ("f32", "f64")
 
+# Storage types: a frozen weight kept as its GGUF file holds it (ggml's formats). name ->
+# (ggml type number, elements per block, bytes per block, numpy dtype of a value's array).
+# Blocks run along the last axis, so a [rows, k] weight is `rows` rows of k / block blocks; the
+# kernels read any of them as bytes, uint8[rows, row_bytes]. Only matmul (as its second
+# operand) and get_rows (as its table) read them, dequantizing as ggml does (ggml-quants.c);
+# the interpreter's reference is that dequantization to f32, then the f32 op.
+STORAGE = {
+    "f16": (1, 1, 2, np.float16),
+    "bf16": (30, 1, 2, np.uint16),      # the high 16 bits of an f32 (no numpy bfloat16)
+    "q8_0": (8, 32, 34, np.uint8),
+    "q4_0": (2, 32, 18, np.uint8),
+    "q4_k": (12, 256, 144, np.uint8),
+    "q5_k": (13, 256, 176, np.uint8),
+    "q6_k": (14, 256, 210, np.uint8),
+}
+
 
 class ShapeError(ValueError):
     """An ill-typed graph: wrong shapes, dtypes, axes or attributes (raised at build time)."""
@@ -33,13 +49,19 @@ class TensorType:
     shape: tuple
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ShapeError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if self.dtype not in DTYPES and self.dtype not in STORAGE:
+            raise ShapeError(f"unknown dtype {self.dtype!r}; expected one of "
+                             f"{', '.join((*DTYPES, *STORAGE))}")
         shape = tuple(self.shape)
         for d in shape:
             if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
                 raise ShapeError(f"bad shape {shape}: dimensions must be non-negative ints")
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if self.dtype in STORAGE:
+            block = STORAGE[self.dtype][1]
+            if not shape or shape[-1] % block:
+                raise ShapeError(f"{self.dtype}[{','.join(map(str, shape))}]: a {self.dtype} "
+                                 f"tensor's last axis must be a multiple of its block, {block}")
 
     @property
     def ndim(self) -> int:
@@ -54,10 +76,36 @@ class TensorType:
 
     @property
     def np_dtype(self):
+        """The numpy dtype of the value's array (for a storage type: of its bytes' array)."""
+        if self.dtype in STORAGE:
+            return np.dtype(STORAGE[self.dtype][3])
         return np.dtype(DTYPES[self.dtype])
 
     @property
+    def is_storage(self) -> bool:
+        """A storage type (STORAGE): a frozen weight's file type, read by matmul and get_rows."""
+        return self.dtype in STORAGE
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row (along the last axis) as stored."""
+        if self.dtype in STORAGE:
+            _, block, nb, _ = STORAGE[self.dtype]
+            return self.shape[-1] // block * nb if self.shape else nb
+        return (self.shape[-1] if self.shape else 1) * self.np_dtype.itemsize
+
+    @property
+    def storage_shape(self) -> tuple:
+        """The shape of the value's array: the shape, but a block type's last axis counts
+        bytes (q8_0[4096, 2048] is uint8[4096, 2176])."""
+        if self.dtype in STORAGE and self.np_dtype.itemsize == 1:
+            return self.shape[:-1] + (self.row_bytes,)
+        return self.shape
+
+    @property
     def nbytes(self) -> int:
+        if self.dtype in STORAGE:
+            return (self.size // self.shape[-1] if self.shape[-1] else 0) * self.row_bytes
         return self.size * self.np_dtype.itemsize
 
     @property
