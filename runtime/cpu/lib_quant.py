@@ -61,43 +61,46 @@ def geometry(kind):
 
 # ---- dequantization (ggml-quants.c dequantize_row_*) -------------------------------------------
 @kernel
-def _half(lo, hi):
-    """float32 value of the little-endian f16 bytes lo, hi: ggml's fp16 -> fp32 without F16C
-    (ggml-impl.h): no subnormal float operand, so exact under flush-to-zero too."""
-    two_w = ((np.int64(hi) << 8 | lo) & 0x7FFF) << 17
+def _half(h):
+    """float32 value of the f16 bits h: ggml's fp16 -> fp32 without F16C (ggml-impl.h): no
+    subnormal float operand, so exact under flush-to-zero too."""
+    two_w = (np.int64(h) & 0x7FFF) << 17
     norm = _from_bits(np.int32((two_w >> 4) + (0xE0 << 23))) * np.float32(2.0 ** -112)
     den = _from_bits(np.int32((two_w >> 17) | (126 << 23))) - np.float32(0.5)
     v = den if two_w < (1 << 27) else norm
-    return -v if hi & 0x80 else v
+    return -v if h & 0x8000 else v
 
 
 @kernel
 def _dq_f16(src, out):
+    h = src.view(np.uint16)
     for i in range(out.shape[0]):
-        out[i] = _half(src[2 * i], src[2 * i + 1])
+        out[i] = _half(h[i])
 
 
 @kernel
 def _dq_bf16(src, out):
+    h = src.view(np.uint16)
     for i in range(out.shape[0]):
-        out[i] = _from_bits(np.int32((np.int64(src[2 * i + 1]) << 24) | (np.int64(src[2 * i]) << 16)))
+        out[i] = _from_bits(np.int32(np.int64(h[i]) << 16))
 
 
 @kernel
 def _dq_q8_0(src, out):
-    q = src.view(np.int8)
+    q, h = src.view(np.int8), src.view(np.uint16)
     for b in range(out.shape[0] // 32):
         blk, y = q[b * 34 + 2:b * 34 + 34], out[b * 32:b * 32 + 32]
-        d = _half(src[b * 34], src[b * 34 + 1])
+        d = _half(h[b * 17])
         for j in range(32):
             y[j] = np.float32(blk[j]) * d
 
 
 @kernel
 def _dq_q4_0(src, out):
+    h = src.view(np.uint16)
     for b in range(out.shape[0] // 32):
         blk, y = src[b * 18 + 2:b * 18 + 18], out[b * 32:b * 32 + 32]
-        d = _half(src[b * 18], src[b * 18 + 1])
+        d = _half(h[b * 9])
         for j in range(16):
             y[j] = np.float32(np.int32(blk[j] & 15) - 8) * d
             y[j + 16] = np.float32(np.int32(blk[j] >> 4) - 8) * d
@@ -114,9 +117,10 @@ def _scale_min_k4(j, s):
 
 @kernel
 def _dq_q4_k(src, out):
+    h = src.view(np.uint16)
     for b in range(out.shape[0] // QK_K):
         blk, y = src[b * 144:(b + 1) * 144], out[b * QK_K:(b + 1) * QK_K]
-        d, dmin = _half(blk[0], blk[1]), _half(blk[2], blk[3])
+        d, dmin = _half(h[b * 72]), _half(h[b * 72 + 1])
         sc, qs = blk[4:16], blk[16:144]
         for g in range(4):
             s1, m1 = _scale_min_k4(2 * g, sc)
@@ -130,9 +134,10 @@ def _dq_q4_k(src, out):
 
 @kernel
 def _dq_q5_k(src, out):
+    hv = src.view(np.uint16)
     for b in range(out.shape[0] // QK_K):
         blk, y = src[b * 176:(b + 1) * 176], out[b * QK_K:(b + 1) * QK_K]
-        d, dmin = _half(blk[0], blk[1]), _half(blk[2], blk[3])
+        d, dmin = _half(hv[b * 88]), _half(hv[b * 88 + 1])
         sc, qh, qs = blk[4:16], blk[16:48], blk[48:176]
         for g in range(4):
             s1, m1 = _scale_min_k4(2 * g, sc)
@@ -147,10 +152,10 @@ def _dq_q5_k(src, out):
 
 @kernel
 def _dq_q6_k(src, out):
-    sv = src.view(np.int8)
+    sv, hv = src.view(np.int8), src.view(np.uint16)
     for b in range(out.shape[0] // QK_K):
         o = b * 210
-        d = _half(src[o + 208], src[o + 209])
+        d = _half(hv[b * 105 + 104])
         for half in range(2):
             ql, qh = src[o + 64 * half:o + 64 * half + 64], src[o + 128 + 32 * half:o + 160 + 32 * half]
             sc = sv[o + 192 + 8 * half:o + 200 + 8 * half]
@@ -240,9 +245,9 @@ def _tile_rows(k):
 
 
 @kernel
-def _slab(m, n, k):
+def _slab(m, n, k, fused):
     """float32 elements of one thread's scratch for qgemm (either transpose flag)."""
-    if m <= FUSED_MAX_M:
+    if fused:
         return max(k, min(n, CHUNK_COLS))              # a row of W, or a chunk of one
     rows = min(_tile_rows(k), n)                        # tb: [rows, k]
     kt = max(TILE_ROWS_MIN, TILE_ELEMS // CHUNK_COLS)   # not tb: [kt, chunk]
@@ -255,7 +260,7 @@ def qgemm_workspace(kind, m, n, k, threads):
     if geometry(kind)[0] == 0:
         raise ValueError(f"qgemm_workspace: unknown storage kind {kind}; expected one of "
                          f"{sorted(KINDS.values())}")
-    return int(max(1, threads) * _slab(m, n, k))
+    return int(max(1, threads) * _slab(m, n, k, m <= FUSED_MAX_M))
 
 
 @_dot_kernel
@@ -375,10 +380,8 @@ def _run_part(p, parts, units, fused, tb, kind, alpha, x, w, beta, out, work, sl
 
 
 @pkernel
-def qgemm(ta, tb, alpha, x, w, beta, out, kind, work):
-    """out[M, N] = alpha * x @ op(W) + beta * out, W the float32 values of the stored w
-    (uint8[rows, row_bytes]): tb, W [N, K] (x @ W^T); not tb, W [K, N]. x float32 [M, K], C order.
-    work: qgemm_workspace(kind, M, N, K, threads) float32 elements."""
+def qgemm_path(ta, tb, alpha, x, w, beta, out, kind, work, fused):
+    """qgemm with the path chosen: W a row (or chunk) at a time in L1 (fused) or in tiles."""
     if ta:
         raise ValueError("qgemm: x transposed (ta) is not supported; a stored weight's "
                          "gradient is never taken")
@@ -391,8 +394,7 @@ def qgemm(ta, tb, alpha, x, w, beta, out, kind, work):
     if m == 0 or n == 0:
         return
     blk, nb = geometry(kind)
-    fused = m <= FUSED_MAX_M
-    slab = _slab(m, n, k)
+    slab = _slab(m, n, k, fused)
     if work.shape[0] < slab:
         raise ValueError("qgemm: work holds fewer float32 elements than one thread's slab "
                          "(qgemm_workspace)")
@@ -414,6 +416,14 @@ def qgemm(ta, tb, alpha, x, w, beta, out, kind, work):
         _run_part(0, 1, units, fused, tb, kind, alpha, x, w, beta, out, work, slab, blk, nb,
                   small)
     restore_threads(was)
+
+
+@kernel
+def qgemm(ta, tb, alpha, x, w, beta, out, kind, work):
+    """out[M, N] = alpha * x @ op(W) + beta * out, W the float32 values of the stored w
+    (uint8[rows, row_bytes]): tb, W [N, K] (x @ W^T); not tb, W [K, N]. x float32 [M, K], C order.
+    work: qgemm_workspace(kind, M, N, K, threads) float32 elements."""
+    qgemm_path(ta, tb, alpha, x, w, beta, out, kind, work, out.shape[0] <= FUSED_MAX_M)
 
 
 # ---- quantization (writers) --------------------------------------------------------------------
