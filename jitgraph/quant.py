@@ -55,6 +55,7 @@ def dequantize(a, t: TensorType) -> np.ndarray:
 
 
 QUANTIZE = ("f16", "bf16", "q8_0", "q4_0")   # the types `quantize` writes
+WRITE_TYPES = ("f32", "f16", "bf16", "q8_0")  # what the model and adapter writers offer (--ftype)
 
 
 def quantize(x, dtype: str) -> np.ndarray:

@@ -35,7 +35,7 @@ from .. import init, ops
 from ..formats.tensors import FileTensor
 from ..ir import Graph
 from ..ops.f16 import round_f16
-from ..quant import ggml_type, quantize, storage_name
+from ..quant import storage_name
 from ..types import STORAGE, ShapeError, TensorType
 from .arch import get_arch
 
@@ -515,7 +515,7 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
     if tokenizer is not None and len(tokenizer) != cfg.vocab:
         raise ValueError(f"write_llama: tokenizer has {len(tokenizer)} tokens, config vocab "
                          f"{cfg.vocab}")
-    from ..formats.gguf import gguf_writer
+    from ..formats.gguf import add_tensor_as, gguf_writer
     with gguf_writer(path, cfg.arch) as w:
         w.add_name(name or cfg.arch)
         w.add_file_type(_FTYPES[ftype])
@@ -529,11 +529,4 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
         for k in want:
             a = params[k]
             a = a.f32() if isinstance(a, FileTensor) else np.ascontiguousarray(a, np.float32)
-            dt = ftype if a.ndim == 2 and ftype != "f32" else "f32"
-            if dt != "f32" and a.shape[1] % STORAGE[dt][1]:
-                dt = "f16"                  # rows not a whole number of blocks
-            if dt == "f32":
-                w.add_tensor(k, a)
-            else:
-                q = quantize(a, dt)
-                w.add_tensor(k, q.view(np.uint8), raw_dtype=ggml_type(dt))
+            add_tensor_as(w, k, a, ftype)
