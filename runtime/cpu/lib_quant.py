@@ -86,24 +86,34 @@ def _dq_bf16(src, out):
 
 
 @kernel
+def _blocks(src, out, nb):
+    """(bytes [blocks, nb], f16 words [blocks, nb / 2], out [blocks, block]): a row's blocks as
+    2-D views, the block length a run-time value (a loop of known short length is unrolled into
+    scalar code; one of unknown length is vectorised)."""
+    n = src.shape[0] // nb
+    return (src[:n * nb].reshape((n, nb)), src[:n * nb].view(np.uint16).reshape((n, nb // 2)),
+            out.reshape((n, out.shape[0] // max(n, 1))))
+
+
+@kernel
 def _dq_q8_0(src, out):
-    q, h = src.view(np.int8), src.view(np.uint16)
-    for b in range(out.shape[0] // 32):
-        blk, y = q[b * 34 + 2:b * 34 + 34], out[b * 32:b * 32 + 32]
-        d = _half(h[b * 17])
-        for j in range(32):
-            y[j] = np.float32(blk[j]) * d
+    q, h, y = _blocks(src, out, 34)
+    q = q.view(np.int8)
+    for b in range(y.shape[0]):
+        d = _half(h[b, 0])
+        for j in range(y.shape[1]):
+            y[b, j] = np.float32(q[b, j + 2]) * d
 
 
 @kernel
 def _dq_q4_0(src, out):
-    h = src.view(np.uint16)
-    for b in range(out.shape[0] // 32):
-        blk, y = src[b * 18 + 2:b * 18 + 18], out[b * 32:b * 32 + 32]
-        d = _half(h[b * 9])
-        for j in range(16):
-            y[j] = np.float32(np.int32(blk[j] & 15) - 8) * d
-            y[j + 16] = np.float32(np.int32(blk[j] >> 4) - 8) * d
+    q, h, y = _blocks(src, out, 18)
+    half = y.shape[1] // 2
+    for b in range(y.shape[0]):
+        d = _half(h[b, 0])
+        for j in range(half):
+            y[b, j] = np.float32(np.int32(q[b, j + 2] & 15) - 8) * d
+            y[b, j + half] = np.float32(np.int32(q[b, j + 2] >> 4) - 8) * d
 
 
 @kernel
@@ -134,43 +144,35 @@ def _dq_q4_k(src, out):
 
 @kernel
 def _dq_q5_k(src, out):
-    hv = src.view(np.uint16)
-    for b in range(out.shape[0] // QK_K):
-        blk, y = src[b * 176:(b + 1) * 176], out[b * QK_K:(b + 1) * QK_K]
-        d, dmin = _half(hv[b * 88]), _half(hv[b * 88 + 1])
-        sc, qh, qs = blk[4:16], blk[16:48], blk[48:176]
-        for g in range(4):
+    q, h, y = _blocks(src, out, 176)
+    n32 = y.shape[1] // 8
+    for b in range(y.shape[0]):
+        d, dmin, sc = _half(h[b, 0]), _half(h[b, 1]), q[b, 4:16]
+        for g in range(4):            # as q4_k, the fifth bits from qh's bits 2 g and 2 g + 1
             s1, m1 = _scale_min_k4(2 * g, sc)
             s2, m2 = _scale_min_k4(2 * g + 1, sc)
             d1, n1, d2, n2 = d * s1, dmin * m1, d * s2, dmin * m2
-            q, y1, y2 = qs[32 * g:32 * g + 32], y[64 * g:64 * g + 32], y[64 * g + 32:64 * g + 64]
-            for l in range(32):
-                h = np.int32(qh[l]) >> (2 * g)
-                y1[l] = d1 * np.float32((q[l] & 0xF) | ((h & 1) << 4)) - n1
-                y2[l] = d2 * np.float32((q[l] >> 4) | ((h & 2) << 3)) - n2
+            for l in range(n32):
+                v, e = q[b, 48 + 32 * g + l], np.int32(q[b, 16 + l]) >> (2 * g)
+                y[b, 64 * g + l] = d1 * np.float32((v & 0xF) | ((e & 1) << 4)) - n1
+                y[b, 64 * g + 32 + l] = d2 * np.float32((v >> 4) | ((e & 2) << 3)) - n2
 
 
 @kernel
 def _dq_q6_k(src, out):
-    sv, hv = src.view(np.int8), src.view(np.uint16)
-    for b in range(out.shape[0] // QK_K):
-        o = b * 210
-        d = _half(hv[b * 105 + 104])
-        for half in range(2):
-            ql, qh = src[o + 64 * half:o + 64 * half + 64], src[o + 128 + 32 * half:o + 160 + 32 * half]
-            sc = sv[o + 192 + 8 * half:o + 200 + 8 * half]
-            y = out[b * QK_K + 128 * half:b * QK_K + 128 * half + 128]
-            for l in range(32):
-                i = l // 16
-                h = np.int32(qh[l])
-                y[l] = d * np.float32(sc[i]) * np.float32(
-                    np.int32((ql[l] & 0xF) | ((h & 3) << 4)) - 32)
-                y[l + 32] = d * np.float32(sc[i + 2]) * np.float32(
-                    np.int32((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32)
-                y[l + 64] = d * np.float32(sc[i + 4]) * np.float32(
-                    np.int32((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32)
-                y[l + 96] = d * np.float32(sc[i + 6]) * np.float32(
-                    np.int32((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32)
+    q, h, y = _blocks(src, out, 210)
+    sc = q.view(np.int8)
+    n16 = y.shape[1] // 16
+    for b in range(y.shape[0]):
+        d = _half(h[b, 104])
+        for g in range(8):            # 32 elements: 128 * (g // 4) + 32 * (g % 4) + l
+            lo, hb, m = 64 * (g // 4) + 32 * (g % 2), 128 + 32 * (g // 4), (g % 4) // 2 * 4
+            sh, o = 2 * (g % 4), 128 * (g // 4) + 32 * (g % 4)
+            for s in range(2):
+                ds = d * np.float32(sc[b, 192 + 8 * (g // 4) + 2 * (g % 4) + s])
+                for l in range(16 * s, 16 * s + n16):
+                    v = ((q[b, lo + l] >> m) & 0xF) | (((q[b, hb + l] >> sh) & 3) << 4)
+                    y[b, o + l] = ds * np.float32(np.int32(v) - 32)
 
 
 @kernel
