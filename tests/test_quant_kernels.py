@@ -178,6 +178,8 @@ def test_quantize_rows_bit_exact():
     assert q8.dtype == np.uint8 and q8.shape == (40, 8 * 34)
     assert np.array_equal(q8, quants.quantize(x, GT.Q8_0))
     assert np.array_equal(L.quantize_rows(L.KINDS["f16"], x).view(np.float16), x.astype(np.float16))
+    assert np.array_equal(L.quantize_rows(L.KINDS["bf16"], x),
+                          quants.quantize(x, GT.BF16).view(np.uint8).reshape(40, 512))
     ok = x[4:].reshape(36, 8, 32)
     back = dequantized("q8_0", q8[4:]).reshape(36, 8, 32)
     step = abs(ok).max(axis=2, keepdims=True) / 127                # the block's scale d

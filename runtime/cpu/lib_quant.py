@@ -450,6 +450,18 @@ def _q8_0_blocks(x, qs, d):
                 qr[b * 32 + j] = np.int8(a if v >= 0 else -a)
 
 
+@pkernel
+def _bf16_rows(x, out):
+    """ggml's GGML_FP32_TO_BF16 over the bits x (uint32 [rows, K]) into out (uint16): round to
+    nearest even, a NaN kept quiet (its high bits, the quiet bit set)."""
+    for r in prange(x.shape[0]):
+        xr, yr = x[r], out[r]
+        for j in range(xr.shape[0]):
+            n = np.int64(xr[j])
+            n = (n & 0xFFFF0000) | 0x400000 if (n & 0x7FFFFFFF) > 0x7F800000 else n
+            yr[j] = np.uint16((n + 0x7FFF + ((n >> 16) & 1)) >> 16)
+
+
 def quantize_rows(kind, x):
     """uint8[rows, row_bytes]: the float32 rows x [rows, K] stored as `kind` (F16, BF16 or Q8_0),
     rounded as ggml does (f16 and bf16 to nearest even, bf16 NaN kept quiet)."""
@@ -460,10 +472,9 @@ def quantize_rows(kind, x):
     if kind == F16:
         return x.astype(np.float16).view(np.uint8).reshape(rows, 2 * k)
     if kind == BF16:
-        n = x.view(np.uint32)
-        n = np.where((n & 0x7FFFFFFF) > 0x7F800000, (n & np.uint32(0xFFFF0000)) | np.uint32(0x400000), n)
-        n = (n + (np.uint32(0x7FFF) + ((n >> 16) & np.uint32(1)))) >> np.uint32(16)
-        return n.astype(np.uint16).view(np.uint8).reshape(rows, 2 * k)
+        out = np.empty((rows, k), np.uint16)
+        _bf16_rows(x.view(np.uint32), out)
+        return out.view(np.uint8)
     if kind == Q8_0:
         if k % 32:
             raise ValueError(f"quantize_rows: q8_0 needs rows of whole blocks of 32, got K = {k}")
