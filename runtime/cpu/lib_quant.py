@@ -29,10 +29,11 @@ KINDS = {name: s[0] for name, s in STORAGE.items()}          # storage name -> k
 QK_K = 256
 
 # rows of x up to which qgemm dequantizes W a row at a time into L1 and uses it there (dot or
-# axpy) rather than a tile for sgemm, which runs a few rows of x far below its peak
+# axpy): sgemm on a tile runs 2-8 rows of x far below its peak (bench/README.md, "Figures behind
+# the code", quantized matmul)
 FUSED_MAX_M = 8
-# float32 elements of a thread's tile of dequantized W: big enough that sgemm's repacking of x
-# per tile stays small next to the tile's product, small enough to stay in L2/L3
+# float32 elements of a thread's tile of dequantized W (2 MB): big enough that sgemm's repacking
+# of x per tile stays small next to the tile's product, small enough to stay in L3
 TILE_ELEMS = 1 << 19
 TILE_ROWS_MIN = 16           # W rows (tb) or x columns (not tb) per tile, at least
 CHUNK_COLS = 512             # W columns per chunk, not tb (a multiple of every block size)
