@@ -107,13 +107,16 @@ def _check_qgemm(name, tb, m, n, k, alpha, beta, rng):
     want = alpha * (x.astype(np.float64) @ op) + beta * out0
     # the bound: 1e-5 relative to the scale of the products summed (|x| |W|)
     scale = abs(alpha) * (abs(x).astype(np.float64) @ abs(op)) + abs(beta * out0) + 1e-30
-    for threads in (1, 2):
+    outs = []
+    for threads in (1, 2):                  # one slab or two: the same bits
         out = out0.copy()
         work = np.full(L.qgemm_workspace(kind, m, n, k, threads), np.nan, np.float32)
         L.qgemm(False, tb, alpha, x, raw, beta, out, kind, work)
         err = np.abs(out - want) / scale
         assert err.max() <= 1e-5, (name, tb, m, n, k, threads, err.max())
         assert np.abs(out - out0).max() > 0.1          # something was computed
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("name", KINDS)
@@ -198,3 +201,6 @@ def test_quantize_rows_bit_exact():
         L.quantize_rows(L.KINDS["q4_k"], x)
     with pytest.raises(ValueError, match="whole blocks of 32"):
         L.quantize_rows(L.KINDS["q8_0"], x[:, :40])
+    x[7, 100] = np.inf
+    with pytest.raises(ValueError, match="non-finite values \\(row 7 of 40\\)"):
+        L.quantize_rows(L.KINDS["q8_0"], x)

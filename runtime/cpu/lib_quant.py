@@ -479,6 +479,10 @@ def quantize_rows(kind, x):
     if kind == Q8_0:
         if k % 32:
             raise ValueError(f"quantize_rows: q8_0 needs rows of whole blocks of 32, got K = {k}")
+        bad = ~np.isfinite(x).all(axis=1)
+        if bad.any():           # ggml's rounding of inf / NaN to int8 is undefined
+            raise ValueError(f"quantize_rows: q8_0 of non-finite values (row "
+                             f"{int(np.argmax(bad))} of {rows}); expected finite floats")
         qs = np.empty((rows, k), np.int8)
         d = np.empty((rows, k // 32), np.float32)
         _q8_0_blocks(x, qs, d)
