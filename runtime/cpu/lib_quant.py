@@ -1,7 +1,9 @@
 """Storage-type kernels: a frozen weight read as its GGUF file holds it (jitgraph/types.py STORAGE).
 
 `kind` is the storage type's ggml type number (F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K below). A
-weight is uint8[rows, row_bytes]: each row its K elements in blocks along the row.
+weight is uint8[rows, row_bytes]: each row its K elements in blocks along the row (any C-contiguous
+integer array of those bytes will do, as bf16's uint16[rows, K]; numba cannot type a float16
+array, so an f16 weight comes as its bytes or its uint16 bits).
 - dequantize_row / dequantize_rows / get_rows_q: ggml's dequantize_row_* (ggml-quants.c), bit
   for bit: the same float32 operations in the same order (no FMA: fastmath is off).
 - qgemm: out = alpha x @ W^T + beta out (tb, a linear layer's forward, W [N, K]) or
@@ -209,6 +211,7 @@ def _check_row(kind, nbytes, k):
 @kernel
 def dequantize_row(kind, src, out):
     """out[K] = the float32 values of one stored row src (uint8[row_bytes])."""
+    src = src.view(np.uint8)
     _check_row(kind, src.shape[0], out.shape[0])
     _dequantize(kind, src, out)
 
@@ -216,6 +219,7 @@ def dequantize_row(kind, src, out):
 @pkernel
 def dequantize_rows(kind, src, r0, r1, out):
     """out[0:r1-r0, :] = rows r0..r1 of the stored src (uint8[rows, row_bytes])."""
+    src = src.view(np.uint8)
     _check_row(kind, src.shape[1], out.shape[1])
     if r1 - r0 > out.shape[0] or r0 < 0 or r1 > src.shape[0]:
         raise ValueError("dequantize_rows: rows r0..r1 outside src or more than out holds")
@@ -231,6 +235,7 @@ def dequantize_rows(kind, src, r0, r1, out):
 def get_rows_q(w, kind, idx, out):
     """out[i, :] = dequantized row idx[i] of w (uint8[rows, row_bytes]); idx checked by the
     caller."""
+    w = w.view(np.uint8)
     _check_row(kind, w.shape[1], out.shape[1])
     if idx.shape[0] * out.shape[1] < PAR_MIN_WORK:
         for i in range(idx.shape[0]):
@@ -385,6 +390,7 @@ def _run_part(p, parts, units, fused, tb, kind, alpha, x, w, beta, out, work, sl
 @pkernel
 def qgemm_path(ta, tb, alpha, x, w, beta, out, kind, work, fused):
     """qgemm with the path chosen: W a row (or chunk) at a time in L1 (fused) or in tiles."""
+    w = w.view(np.uint8)
     if ta:
         raise ValueError("qgemm: x transposed (ta) is not supported; a stored weight's "
                          "gradient is never taken")
