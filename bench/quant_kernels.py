@@ -4,12 +4,12 @@
 For each shape out [M, N] = x [M, K] @ W^T (a linear layer's forward, W [N, K]): jitgraph's f32
 GEMM (runtime/cpu/blas.py gemm), numpy's matmul (OpenBLAS on its own threads) and qgemm for each
 storage kind, as median milliseconds, GB/s of weight read (the weight's bytes as stored over the
-time) and GFLOP/s (2 M N K over the time); --cpu runs one thread and times it by the thread's CPU time (the
-kernel's own cost on a busy shared machine), else wall time over all of numba's threads. Decode shapes (M = 1, N = 2048..8192, K = 2048) and
-prefill shapes (M = 512). --paths times qgemm's two paths (W a row at a time in L1, "fused",
-against tiles on sgemm) for M = 1..32: what FUSED_MAX_M rests on. Also runs under pytest-benchmark
-(`pytest bench/quant_kernels.py`: qgemm q8_0 at a decode shape). Run with the OpenBLAS overrides
-unset (bench/README.md).
+time) and GFLOP/s (2 M N K over the time). Decode shapes (M = 1, N = 2048..8192, K = 2048) and
+prefill shapes (M = 512). --cpu runs one thread and times it by the thread's CPU time (the
+kernel's own cost on a busy shared machine), else wall time over all of numba's threads. --paths
+times qgemm's two paths (W a row at a time in L1, "fused", against tiles on sgemm) for M = 1..32:
+what FUSED_MAX_M rests on. Also runs under pytest-benchmark (`pytest bench/quant_kernels.py`:
+qgemm q8_0 at a decode shape). Run with the OpenBLAS overrides unset (bench/README.md).
 """
 import argparse
 import os
@@ -58,7 +58,8 @@ def median_ms(f, repeat):
 
 
 def row(label, ms, nbytes, flops):
-    return f"  {label:<14} {ms:9.3f} ms {nbytes / ms / 1e6:8.1f} GB/s {flops / ms / 1e6:8.1f} GFLOP/s"
+    return (f"  {label:<14} {ms:9.3f} ms {nbytes / ms / 1e6:8.1f} GB/s "
+            f"{flops / ms / 1e6:8.1f} GFLOP/s")
 
 
 def compare(shapes, kinds, repeat):
@@ -129,5 +130,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     main()

@@ -93,6 +93,9 @@ def test_get_rows_q(name):
         out = np.empty((n, ref.shape[1]), np.float32)
         L.get_rows_q(raw, L.KINDS[name], idx, out)
         assert np.array_equal(out, ref[idx])
+    if name in ("f16", "bf16"):             # their 16-bit arrays, as the IR holds them (f16 as bits)
+        L.get_rows_q(raw.view(np.uint16), L.KINDS[name], idx, out)
+        assert np.array_equal(out, ref[idx])
 
 
 def _check_qgemm(name, tb, m, n, k, alpha, beta, rng):
@@ -107,13 +110,16 @@ def _check_qgemm(name, tb, m, n, k, alpha, beta, rng):
     want = alpha * (x.astype(np.float64) @ op) + beta * out0
     # the bound: 1e-5 relative to the scale of the products summed (|x| |W|)
     scale = abs(alpha) * (abs(x).astype(np.float64) @ abs(op)) + abs(beta * out0) + 1e-30
-    for threads in (1, 2):
+    outs = []
+    for threads in (1, 2):                  # one slab or two: the same bits
         out = out0.copy()
         work = np.full(L.qgemm_workspace(kind, m, n, k, threads), np.nan, np.float32)
         L.qgemm(False, tb, alpha, x, raw, beta, out, kind, work)
         err = np.abs(out - want) / scale
         assert err.max() <= 1e-5, (name, tb, m, n, k, threads, err.max())
         assert np.abs(out - out0).max() > 0.1          # something was computed
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("name", KINDS)
@@ -178,6 +184,8 @@ def test_quantize_rows_bit_exact():
     assert q8.dtype == np.uint8 and q8.shape == (40, 8 * 34)
     assert np.array_equal(q8, quants.quantize(x, GT.Q8_0))
     assert np.array_equal(L.quantize_rows(L.KINDS["f16"], x).view(np.float16), x.astype(np.float16))
+    assert np.array_equal(L.quantize_rows(L.KINDS["bf16"], x),
+                          quants.quantize(x, GT.BF16).view(np.uint8).reshape(40, 512))
     ok = x[4:].reshape(36, 8, 32)
     back = dequantized("q8_0", q8[4:]).reshape(36, 8, 32)
     step = abs(ok).max(axis=2, keepdims=True) / 127                # the block's scale d
@@ -196,3 +204,6 @@ def test_quantize_rows_bit_exact():
         L.quantize_rows(L.KINDS["q4_k"], x)
     with pytest.raises(ValueError, match="whole blocks of 32"):
         L.quantize_rows(L.KINDS["q8_0"], x[:, :40])
+    x[7, 100] = np.inf
+    with pytest.raises(ValueError, match="non-finite values \\(row 7 of 40\\)"):
+        L.quantize_rows(L.KINDS["q8_0"], x)

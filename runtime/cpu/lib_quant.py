@@ -1,7 +1,9 @@
 """Storage-type kernels: a frozen weight read as its GGUF file holds it (jitgraph/types.py STORAGE).
 
 `kind` is the storage type's ggml type number (F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K below). A
-weight is uint8[rows, row_bytes]: each row its K elements in blocks along the row.
+weight is uint8[rows, row_bytes]: each row its K elements in blocks along the row (any C-contiguous
+integer array of those bytes will do, as bf16's uint16[rows, K]; numba cannot type a float16
+array, so an f16 weight comes as its bytes or its uint16 bits).
 - dequantize_row / dequantize_rows / get_rows_q: ggml's dequantize_row_* (ggml-quants.c), bit
   for bit: the same float32 operations in the same order (no FMA: fastmath is off).
 - qgemm: out = alpha x @ W^T + beta out (tb, a linear layer's forward, W [N, K]) or
@@ -29,10 +31,11 @@ KINDS = {name: s[0] for name, s in STORAGE.items()}          # storage name -> k
 QK_K = 256
 
 # rows of x up to which qgemm dequantizes W a row at a time into L1 and uses it there (dot or
-# axpy) rather than a tile for sgemm, which runs a few rows of x far below its peak
+# axpy): sgemm on a tile runs 2-8 rows of x far below its peak (bench/README.md, "Figures behind
+# the code", quantized matmul)
 FUSED_MAX_M = 8
-# float32 elements of a thread's tile of dequantized W: big enough that sgemm's repacking of x
-# per tile stays small next to the tile's product, small enough to stay in L2/L3
+# float32 elements of a thread's tile of dequantized W (2 MB): big enough that sgemm's repacking
+# of x per tile stays small next to the tile's product, small enough to stay in L3
 TILE_ELEMS = 1 << 19
 TILE_ROWS_MIN = 16           # W rows (tb) or x columns (not tb) per tile, at least
 CHUNK_COLS = 512             # W columns per chunk, not tb (a multiple of every block size)
@@ -86,24 +89,34 @@ def _dq_bf16(src, out):
 
 
 @kernel
+def _blocks(src, out, nb):
+    """(bytes [blocks, nb], f16 words [blocks, nb / 2], out [blocks, block]): a row's blocks as
+    2-D views, the block length a run-time value (a loop of known short length is unrolled into
+    scalar code; one of unknown length is vectorised)."""
+    n = src.shape[0] // nb
+    return (src[:n * nb].reshape((n, nb)), src[:n * nb].view(np.uint16).reshape((n, nb // 2)),
+            out.reshape((n, out.shape[0] // max(n, 1))))
+
+
+@kernel
 def _dq_q8_0(src, out):
-    q, h = src.view(np.int8), src.view(np.uint16)
-    for b in range(out.shape[0] // 32):
-        blk, y = q[b * 34 + 2:b * 34 + 34], out[b * 32:b * 32 + 32]
-        d = _half(h[b * 17])
-        for j in range(32):
-            y[j] = np.float32(blk[j]) * d
+    q, h, y = _blocks(src, out, 34)
+    q = q.view(np.int8)
+    for b in range(y.shape[0]):
+        d = _half(h[b, 0])
+        for j in range(y.shape[1]):
+            y[b, j] = np.float32(q[b, j + 2]) * d
 
 
 @kernel
 def _dq_q4_0(src, out):
-    h = src.view(np.uint16)
-    for b in range(out.shape[0] // 32):
-        blk, y = src[b * 18 + 2:b * 18 + 18], out[b * 32:b * 32 + 32]
-        d = _half(h[b * 9])
-        for j in range(16):
-            y[j] = np.float32(np.int32(blk[j] & 15) - 8) * d
-            y[j + 16] = np.float32(np.int32(blk[j] >> 4) - 8) * d
+    q, h, y = _blocks(src, out, 18)
+    half = y.shape[1] // 2
+    for b in range(y.shape[0]):
+        d = _half(h[b, 0])
+        for j in range(half):
+            y[b, j] = np.float32(np.int32(q[b, j + 2] & 15) - 8) * d
+            y[b, j + half] = np.float32(np.int32(q[b, j + 2] >> 4) - 8) * d
 
 
 @kernel
@@ -134,43 +147,35 @@ def _dq_q4_k(src, out):
 
 @kernel
 def _dq_q5_k(src, out):
-    hv = src.view(np.uint16)
-    for b in range(out.shape[0] // QK_K):
-        blk, y = src[b * 176:(b + 1) * 176], out[b * QK_K:(b + 1) * QK_K]
-        d, dmin = _half(hv[b * 88]), _half(hv[b * 88 + 1])
-        sc, qh, qs = blk[4:16], blk[16:48], blk[48:176]
-        for g in range(4):
+    q, h, y = _blocks(src, out, 176)
+    n32 = y.shape[1] // 8
+    for b in range(y.shape[0]):
+        d, dmin, sc = _half(h[b, 0]), _half(h[b, 1]), q[b, 4:16]
+        for g in range(4):            # as q4_k, the fifth bits from qh's bits 2 g and 2 g + 1
             s1, m1 = _scale_min_k4(2 * g, sc)
             s2, m2 = _scale_min_k4(2 * g + 1, sc)
             d1, n1, d2, n2 = d * s1, dmin * m1, d * s2, dmin * m2
-            q, y1, y2 = qs[32 * g:32 * g + 32], y[64 * g:64 * g + 32], y[64 * g + 32:64 * g + 64]
-            for l in range(32):
-                h = np.int32(qh[l]) >> (2 * g)
-                y1[l] = d1 * np.float32((q[l] & 0xF) | ((h & 1) << 4)) - n1
-                y2[l] = d2 * np.float32((q[l] >> 4) | ((h & 2) << 3)) - n2
+            for l in range(n32):
+                v, e = q[b, 48 + 32 * g + l], np.int32(q[b, 16 + l]) >> (2 * g)
+                y[b, 64 * g + l] = d1 * np.float32((v & 0xF) | ((e & 1) << 4)) - n1
+                y[b, 64 * g + 32 + l] = d2 * np.float32((v >> 4) | ((e & 2) << 3)) - n2
 
 
 @kernel
 def _dq_q6_k(src, out):
-    sv, hv = src.view(np.int8), src.view(np.uint16)
-    for b in range(out.shape[0] // QK_K):
-        o = b * 210
-        d = _half(hv[b * 105 + 104])
-        for half in range(2):
-            ql, qh = src[o + 64 * half:o + 64 * half + 64], src[o + 128 + 32 * half:o + 160 + 32 * half]
-            sc = sv[o + 192 + 8 * half:o + 200 + 8 * half]
-            y = out[b * QK_K + 128 * half:b * QK_K + 128 * half + 128]
-            for l in range(32):
-                i = l // 16
-                h = np.int32(qh[l])
-                y[l] = d * np.float32(sc[i]) * np.float32(
-                    np.int32((ql[l] & 0xF) | ((h & 3) << 4)) - 32)
-                y[l + 32] = d * np.float32(sc[i + 2]) * np.float32(
-                    np.int32((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32)
-                y[l + 64] = d * np.float32(sc[i + 4]) * np.float32(
-                    np.int32((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32)
-                y[l + 96] = d * np.float32(sc[i + 6]) * np.float32(
-                    np.int32((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32)
+    q, h, y = _blocks(src, out, 210)
+    sc = q.view(np.int8)
+    n16 = y.shape[1] // 16
+    for b in range(y.shape[0]):
+        d = _half(h[b, 104])
+        for g in range(8):            # 32 elements: 128 * (g // 4) + 32 * (g % 4) + l
+            lo, hb, m = 64 * (g // 4) + 32 * (g % 2), 128 + 32 * (g // 4), (g % 4) // 2 * 4
+            sh, o = 2 * (g % 4), 128 * (g // 4) + 32 * (g % 4)
+            for s in range(2):
+                ds = d * np.float32(sc[b, 192 + 8 * (g // 4) + 2 * (g % 4) + s])
+                for l in range(16 * s, 16 * s + n16):
+                    v = ((q[b, lo + l] >> m) & 0xF) | (((q[b, hb + l] >> sh) & 3) << 4)
+                    y[b, o + l] = ds * np.float32(np.int32(v) - 32)
 
 
 @kernel
@@ -206,6 +211,7 @@ def _check_row(kind, nbytes, k):
 @kernel
 def dequantize_row(kind, src, out):
     """out[K] = the float32 values of one stored row src (uint8[row_bytes])."""
+    src = src.view(np.uint8)
     _check_row(kind, src.shape[0], out.shape[0])
     _dequantize(kind, src, out)
 
@@ -213,6 +219,7 @@ def dequantize_row(kind, src, out):
 @pkernel
 def dequantize_rows(kind, src, r0, r1, out):
     """out[0:r1-r0, :] = rows r0..r1 of the stored src (uint8[rows, row_bytes])."""
+    src = src.view(np.uint8)
     _check_row(kind, src.shape[1], out.shape[1])
     if r1 - r0 > out.shape[0] or r0 < 0 or r1 > src.shape[0]:
         raise ValueError("dequantize_rows: rows r0..r1 outside src or more than out holds")
@@ -228,6 +235,7 @@ def dequantize_rows(kind, src, r0, r1, out):
 def get_rows_q(w, kind, idx, out):
     """out[i, :] = dequantized row idx[i] of w (uint8[rows, row_bytes]); idx checked by the
     caller."""
+    w = w.view(np.uint8)
     _check_row(kind, w.shape[1], out.shape[1])
     if idx.shape[0] * out.shape[1] < PAR_MIN_WORK:
         for i in range(idx.shape[0]):
@@ -382,6 +390,7 @@ def _run_part(p, parts, units, fused, tb, kind, alpha, x, w, beta, out, work, sl
 @pkernel
 def qgemm_path(ta, tb, alpha, x, w, beta, out, kind, work, fused):
     """qgemm with the path chosen: W a row (or chunk) at a time in L1 (fused) or in tiles."""
+    w = w.view(np.uint8)
     if ta:
         raise ValueError("qgemm: x transposed (ta) is not supported; a stored weight's "
                          "gradient is never taken")
@@ -448,6 +457,18 @@ def _q8_0_blocks(x, qs, d):
                 qr[b * 32 + j] = np.int8(a if v >= 0 else -a)
 
 
+@pkernel
+def _bf16_rows(x, out):
+    """ggml's GGML_FP32_TO_BF16 over the bits x (uint32 [rows, K]) into out (uint16): round to
+    nearest even, a NaN kept quiet (its high bits, the quiet bit set)."""
+    for r in prange(x.shape[0]):
+        xr, yr = x[r], out[r]
+        for j in range(xr.shape[0]):
+            n = np.int64(xr[j])
+            n = (n & 0xFFFF0000) | 0x400000 if (n & 0x7FFFFFFF) > 0x7F800000 else n
+            yr[j] = np.uint16((n + 0x7FFF + ((n >> 16) & 1)) >> 16)
+
+
 def quantize_rows(kind, x):
     """uint8[rows, row_bytes]: the float32 rows x [rows, K] stored as `kind` (F16, BF16 or Q8_0),
     rounded as ggml does (f16 and bf16 to nearest even, bf16 NaN kept quiet)."""
@@ -458,13 +479,16 @@ def quantize_rows(kind, x):
     if kind == F16:
         return x.astype(np.float16).view(np.uint8).reshape(rows, 2 * k)
     if kind == BF16:
-        n = x.view(np.uint32)
-        n = np.where((n & 0x7FFFFFFF) > 0x7F800000, (n & np.uint32(0xFFFF0000)) | np.uint32(0x400000), n)
-        n = (n + (np.uint32(0x7FFF) + ((n >> 16) & np.uint32(1)))) >> np.uint32(16)
-        return n.astype(np.uint16).view(np.uint8).reshape(rows, 2 * k)
+        out = np.empty((rows, k), np.uint16)
+        _bf16_rows(x.view(np.uint32), out)
+        return out.view(np.uint8)
     if kind == Q8_0:
         if k % 32:
             raise ValueError(f"quantize_rows: q8_0 needs rows of whole blocks of 32, got K = {k}")
+        bad = ~np.isfinite(x).all(axis=1)
+        if bad.any():           # ggml's rounding of inf / NaN to int8 is undefined
+            raise ValueError(f"quantize_rows: q8_0 of non-finite values (row "
+                             f"{int(np.argmax(bad))} of {rows}); expected finite floats")
         qs = np.empty((rows, k), np.int8)
         d = np.empty((rows, k // 32), np.float32)
         _q8_0_blocks(x, qs, d)
