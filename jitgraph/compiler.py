@@ -14,7 +14,7 @@ from functools import partial
 
 def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memory=True,
             checkpoint=None, *, seed=0, check_finite=False, check_indices=True,
-            copy_outputs=True, share=None, hook=None):
+            copy_outputs=True, share=None, hook=None, params=None):
     """Compile `graph` into a Program (see runtime/executor.py).
 
     loss: name of a scalar output to differentiate (adds grad/<param> outputs); optimizer: a
@@ -26,6 +26,9 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     attention with small heads keeps its probabilities for the backward (passes/attention.py:
     faster, a larger arena); a checkpoint policy recomputes them like any activation.
     seed: initial parameter values (graph.init_params(seed)).
+    params: {name: array or formats.tensors.FileTensor}: the values of these params, written in
+    place of their initialisation (a model's weights: a FileTensor is read straight into the
+    program's memory); the others are initialised from `seed`.
     check_finite: a step whose loss, gradients or other float outputs hold NaN or Inf changes
     nothing (params, optimizer state, step count) and raises FloatingPointError naming the
     first such value (passes/guard.py); costs one extra read of the gradients per step.
@@ -60,8 +63,11 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     persist = None
     if share is not None:
         opts.param_slots, persist = _shared_params(graph, share, optimizer)
+    if params and share is not None:
+        raise ValueError("compile: params= sets a program's own params; with share= they live "
+                         "in the shared program: set them there")
     prog = build_program(graph, opts, backend, seed=seed, persist=persist,
-                         copy_outputs=copy_outputs, check_indices=check_indices)
+                         copy_outputs=copy_outputs, check_indices=check_indices, params=params)
     if hook is not None:
         prog.hook = hook
     return prog
@@ -89,13 +95,14 @@ def _shared_params(graph, share, optimizer):
 
 
 def build_program(source, options, backend, *, seed=0, persist=None, copy_outputs=True,
-                  check_indices=True):
+                  check_indices=True, params=None):
     """The Program running `source` compiled with `options` (passes/pipeline.py Options) by
-    `backend`; `persist`: another program's persistent region to share (the evaluator's)."""
+    `backend`; `persist`: another program's persistent region to share (the evaluator's);
+    `params`: values of params in place of their initialisation."""
     from .runtime.executor import Program
     return Program(source, options, build(source, options, backend), seed=seed, persist=persist,
                    copy_outputs=copy_outputs, check_indices=check_indices,
-                   compiler=partial(build_program, backend=backend))
+                   compiler=partial(build_program, backend=backend), params=params)
 
 
 def build(source, options, backend):

@@ -194,10 +194,13 @@ class Graph:
                 out[i].append(n.id)
         return out
 
-    def init_params(self, seed: int = 0) -> dict:
-        """Fresh parameter arrays; each param's stream depends only on (seed, its name)."""
+    def init_params(self, seed: int = 0, skip=()) -> dict:
+        """Fresh parameter arrays; each param's stream depends only on (seed, its name);
+        `skip`: names left out (their values come from elsewhere)."""
         out = {}
         for name, nid in self.params.items():
+            if name in skip:
+                continue
             t = self.nodes[nid].type
             rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
             if t.is_storage:

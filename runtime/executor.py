@@ -147,11 +147,12 @@ class Program:
     buffer, or straight into the caller's array with `step_into`."""
 
     def __init__(self, source, options, products: Products, *, seed=0, persist=None,
-                 copy_outputs=True, check_indices=True, compiler=None):
+                 copy_outputs=True, check_indices=True, compiler=None, params=None):
         """`source`: the graph as the user built it; `options`: the pipeline's Options it was
         compiled with; `persist`: another program's persistent region to share (its params);
         `compiler(graph, options, persist=..., copy_outputs=..., check_indices=...)`: how the
-        evaluator compiles its forward-only programs (jitgraph/compiler.py)."""
+        evaluator compiles its forward-only programs (jitgraph/compiler.py); `params`: values
+        of params written in place of their initialisation."""
         self.source = source
         self.options = options
         self.check_indices = check_indices
@@ -187,8 +188,13 @@ class Program:
 
         self._param_views = {k: backend.view(self._persist, plan.params[k], g.nodes[i].type)
                              for k, i in g.params.items()}
+        given = dict(params or {})
+        unknown = [k for k in given if k not in source.params]
+        if unknown:
+            raise KeyError(f"params: no param {unknown[0]!r} in graph {source.name}; expected "
+                           f"one of {', '.join(source.params)}")
         if owner:
-            for k, v in g.init_params(seed).items():
+            for k, v in g.init_params(seed, skip=given).items():
                 self._param_views[k][...] = v
         opt = options.optimizer
         self._runtime = set(opt.runtime_inputs(0)) if opt is not None else set()
@@ -239,6 +245,8 @@ class Program:
                          if k in self._in and check_indices]
         user = [k for k in source.params]
         self.params = ArrayMap({k: self._param_views[k] for k in user}, "param")
+        for k, v in given.items():
+            self.params[k] = v
         self.state = ArrayMap({k: v for k, v in self._param_views.items() if k not in user},
                               "state")
         self.calls = 0

@@ -483,7 +483,7 @@ def _accumulation(args):
     return (args.logical_batch or args.batch_size) // args.batch_size
 
 
-def _compile(args, graph, what, world=None):
+def _compile(args, graph, what, world=None, params=None):
     from .. import compile as jg_compile, optim
     acc = _accumulation(args)
     opt = optim.AdamW(lr=args.lr, weight_decay=args.weight_decay, accumulate=acc)
@@ -493,7 +493,8 @@ def _compile(args, graph, what, world=None):
         prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
                           plan_memory=not args.no_plan, checkpoint=args.recompute,
                           seed=args.seed, copy_outputs=False,
-                          hook=None if world is None else world.hook, target=target)
+                          hook=None if world is None else world.hook, target=target,
+                          params=params)
     return prog, acc, time.perf_counter() - t0
 
 
@@ -646,13 +647,14 @@ def _mpi_summary(world):
                                      "param_checks": world.checks}
 
 
-def _build(args, graph, what, world, make_trainer):
-    """Compile `graph` and make its LMTrainer; under MPI rank 0 first, then the others (the
-    evaluator compiled too), before any collective. (prog, acc, compile seconds, trainer)."""
+def _build(args, graph, what, world, make_trainer, params=None):
+    """Compile `graph` (`params`: values of params in place of their initialisation) and make
+    its LMTrainer; under MPI rank 0 first, then the others (the evaluator compiled too), before
+    any collective. (prog, acc, compile seconds, trainer)."""
     _accumulation(args)              # a usage error before anything compiles
 
     def build():
-        prog, acc, compile_s = _compile(args, graph, what, world)
+        prog, acc, compile_s = _compile(args, graph, what, world, params)
         trainer = make_trainer(prog, acc)
         if world is not None:
             trainer.warm_up()
@@ -799,9 +801,8 @@ def _finetune(args, world):
     prog, acc, compile_s, trainer = _build(
         args, graph, "finetune", world,
         lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
-                                    accumulate=acc, seed=args.seed, world=world))
-    for k, v in base.items():                          # the base weights (frozen with LoRA)
-        prog.params[k] = v
+                                    accumulate=acc, seed=args.seed, world=world),
+        params=base)                                   # the base weights (frozen with LoRA)
     curve = []
     if resumed:
         trainer.restore(resumed[2], resumed[3], resumed[4])

@@ -368,21 +368,26 @@ def add_tensor_as(writer, name, a, ftype: str) -> None:
 
 
 def tensor_f32(f, path, order, name, ttype, dims, start, nbytes):
-    """A tensor's values as f32 (numpy order): a numeric type converted, a storage type
-    (types.STORAGE: BF16, Q8_0, ...) dequantized as ggml does."""
+    """A tensor's values as f32 (numpy order): a numeric type converted, a block type
+    dequantized as ggml does (jitgraph/quant.py for the storage types, gguf.quants for the
+    others it knows)."""
     from ..quant import dequantize, storage_name
-    kind = storage_name(ttype)
-    if ttype in _NUMPY or kind is None:
+    if ttype in _NUMPY:
         return np.asarray(_tensor(f, path, order, name, ttype, dims, start, nbytes), np.float32)
-    t = TensorType(kind, tuple(reversed(dims)))
-    if t.nbytes != nbytes:
-        raise ModelFormatError(f"{path}: tensor {name!r} ({t}) holds {nbytes} bytes, not "
-                               f"{t.nbytes}")
+    shape = tuple(reversed(dims))
     raw = np.empty(nbytes, np.uint8)
     f.seek(start)
     if f.readinto(memoryview(raw)) != nbytes:
         raise ModelFormatError(f"{path}: the file shrank while tensor {name!r} was read")
-    return dequantize(raw, t)
+    kind = storage_name(ttype)
+    if kind is not None:
+        return dequantize(raw, TensorType(kind, shape))
+    try:
+        return gguf.quants.dequantize(raw.reshape(shape[:-1] + (-1,)), ttype).astype(
+            np.float32).reshape(shape)
+    except (NotImplementedError, gguf.quants.QuantError, KeyError, ValueError) as e:
+        raise ModelFormatError(f"{path}: tensor {name!r}: cannot read type {ttype.name} "
+                               f"({e})") from None
 
 
 def _read(path, want_arch=None):

@@ -237,10 +237,10 @@ class Generator:
         t0 = time.perf_counter()
         # feed() checks token ids and positions itself (scalars, cheaper than the programs'
         # per-step index checks)
+        # the weights are written in place of their initialisation (FileTensors read straight in)
         self.decode = jg_compile(with_lora(llama_decoder(cfg, 1, ctx, kv_f16), adapter),
-                                 copy_outputs=False, check_indices=False, target=target)
-        for k, v in {**params, **(adapter[0] if adapter else {})}.items():
-            self.decode.params[k] = v
+                                 copy_outputs=False, check_indices=False, target=target,
+                                 params={**params, **(adapter[0] if adapter else {})})
         self.prefill = None if self.chunk == 1 else \
             jg_compile(with_lora(llama_decoder(cfg, self.chunk, ctx, kv_f16, last=True), adapter),
                        copy_outputs=False, check_indices=False, share=self.decode,

@@ -386,22 +386,6 @@ def greedy(logits_fn, prompts, n: int, seq: int, eos: int | None = None) -> list
 
 
 # ---- GGUF files --------------------------------------------------------------------------------
-def _dequantize(t) -> np.ndarray:
-    import gguf
-    shape = tuple(int(n) for n in reversed(list(t.shape)))
-    if t.tensor_type == gguf.GGMLQuantizationType.F32:
-        a = np.array(t.data, np.float32)
-    elif t.tensor_type in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F64):
-        a = np.asarray(t.data).astype(np.float32)
-    else:
-        try:
-            a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
-        except (NotImplementedError, gguf.quants.QuantError, KeyError) as e:
-            raise ValueError(f"tensor {t.name}: cannot read type {t.tensor_type.name} ({e})") \
-                from None
-    return np.ascontiguousarray(a.reshape(shape))
-
-
 def _not_a_model(md: dict) -> None:
     """A LoRA adapter or a training checkpoint given where a model is expected: say which."""
     if md.get("general.type") == "adapter":
@@ -427,19 +411,19 @@ def read_llama(path, keep_types: bool = False):
     give those params that type); other tensors (norms, biases, other types) are read as f32."""
     import gguf
 
-    from ..formats.gguf import _header
     from ..errors import ModelFormatError
+    from ..formats.gguf import _header, tensor_f32
+    from ..formats.gguf_metadata import read_metadata
     from .llama_checks import check_metadata_types, check_vocabulary
     from .tokenizer import TOKENIZERS, Tokenizer
     path = os.fspath(path)
     with open(path, "rb") as f:
-        kv, _, _ = _header(f, path)           # every count and extent checked against the size
+        kv, infos, order = _header(f, path)     # every count and extent checked against the size
     try:
         check_metadata_types(kv)
-        r = gguf.GGUFReader(path)
-        md = {k: fl.contents() for k, fl in r.fields.items()}
+        md = read_metadata(path)
         _not_a_model(md)
-        ne = {t.name: [int(n) for n in t.shape] for t in r.tensors}
+        ne = {name: [int(n) for n in dims] for name, _, dims, _, _ in infos}
         cfg = LlamaConfig.from_metadata(md, ne)
         want = cfg.param_shapes()
         missing = [k for k in want if k not in ne]
@@ -452,22 +436,20 @@ def read_llama(path, keep_types: bool = False):
             raise ValueError(f"tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} are not "
                              f"supported by jitgraph's {cfg.arch} graph")
         params, types = {}, {}
-        for t in r.tensors:
-            if t.name not in want:
-                continue
-            shape = tuple(int(n) for n in reversed(list(t.shape)))
-            if shape != want[t.name]:
-                raise ValueError(f"tensor {t.name} has shape {shape} (numpy order), the config "
-                                 f"says {want[t.name]}")
-            kept = "f32" if t.tensor_type == gguf.GGMLQuantizationType.F32 else \
-                storage_name(t.tensor_type)
-            if keep_types and kept and len(shape) == 2:
-                params[t.name] = FileTensor(path, t.name, int(t.data_offset),
-                                            TensorType(kept, shape))
-                if kept != "f32":
-                    types[t.name] = kept
-            else:
-                params[t.name] = _dequantize(t)
+        with open(path, "rb") as f:
+            for info in infos:
+                name, ttype, dims, start, _ = info
+                shape = tuple(reversed(dims))
+                if shape != want[name]:
+                    raise ValueError(f"tensor {name} has shape {shape} (numpy order), the "
+                                     f"config says {want[name]}")
+                kept = "f32" if ttype == gguf.GGMLQuantizationType.F32 else storage_name(ttype)
+                if keep_types and kept and len(shape) == 2:
+                    params[name] = FileTensor(path, name, int(start), TensorType(kept, shape))
+                    if kept != "f32":
+                        types[name] = kept
+                else:
+                    params[name] = tensor_f32(f, path, order, *info)
         if types:
             cfg = replace(cfg, types=tuple(sorted(types.items())))
         tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") in TOKENIZERS else None

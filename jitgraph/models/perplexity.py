@@ -231,9 +231,8 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
 
     t0 = time.perf_counter()
     prog = jg_compile(with_lora(llama_forward(cfg, batch, n_ctx, kv_f16=kv_f16), adapter),
-                      copy_outputs=False, target=target)
-    for k, v in {**params, **(adapter[0] if adapter else {})}.items():
-        prog.params[k] = v
+                      copy_outputs=False, target=target,
+                      params={**params, **(adapter[0] if adapter else {})})
     compile_seconds = time.perf_counter() - t0
 
     pos = np.arange(n_ctx, dtype=np.int32)
