@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -48,6 +49,7 @@ from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compi
                      add_threads_flag, adopt_resumed, apply_threads, check_model_file,
                      check_outputs, compile_progress, compile_target, float_in, int_at_least,
                      note_unsaved, say, warn)
+from .logs import add_log_option, open_log
 
 VAL_BATCHES = 20
 # `train llama` options a checkpoint records: --resume continues with these
@@ -186,6 +188,7 @@ def _loop_options(p, steps):
     p.add_argument("--resume", metavar="CKPT.gguf",
                    help="continue a checkpointed run bit for bit, with the checkpoint's "
                         "training options; default: start afresh")
+    add_log_option(p)
     add_threads_flag(p)
     add_compile_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -384,12 +387,19 @@ def _fit(args, trainer, save, curve):
     all save (rank 0 writes) after that same step and raise _Stopped."""
     total, seconds, ran, window = args.steps, 0.0, 0, trainer.window
     world = trainer.world
+    log = open_log(args, f"jitgraph {'train llama' if args.cmd == 'train' else args.cmd}",
+                   world is None or world.is_root)
     with _Deferred() as signals, _bar(args, total, min(trainer.step, total)) as bar:
         while trainer.step < total:
             t0 = time.perf_counter()
             loss = trainer.train_step()
-            seconds += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            seconds += dt
             ran += 1
+            if log:
+                log.step(trainer.step, loss, lr=args.lr, ms=1e3 * dt,
+                         tokens_per_s=trainer.tokens_per_step / dt,
+                         tokens=trainer.tokens_per_step * trainer.step)
             window.append(loss)
             bar.update(1)
             bar.set_postfix_str(f"loss {loss:.4f}, {trainer.tokens_per_step * ran / seconds:,.0f} "
@@ -398,6 +408,8 @@ def _fit(args, trainer, save, curve):
             if s % args.eval_every == 0 or s == total:
                 val = trainer.val_loss()
                 curve.append({"step": s, "train": float(np.mean(window)), "val": val})
+                if log:
+                    log.eval(s, val, train_loss=curve[-1]["train"], perplexity=math.exp(val) if val < 709 else None)
                 window.clear()
                 line = (f"step {s}/{total}: train {curve[-1]['train']:.4f}  val {val:.4f}  "
                         f"({1e3 * seconds / ran:.1f} ms/step, "
@@ -417,6 +429,8 @@ def _fit(args, trainer, save, curve):
             if signals.pending or s == total or s % args.save_every == 0:
                 save(signals.pending)
             signals.check()
+    if log:
+        log.close()
     return {"seconds": seconds, "steps": ran}
 
 

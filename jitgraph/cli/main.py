@@ -16,6 +16,7 @@ from .common import (EXIT_ERROR, EXIT_INTERRUPT, EXIT_TERMINATED, HelpFormatter,
                      add_compile_flags, add_target_flags, add_threads_flag, float_in, in_worker,
                      int_at_least, raise_terminated)
 from .llama import add_lora_options, export_lora, generate_text, score_perplexity
+from .logs import add_log_option
 from .mnist import add_data_options, dump, eval_mnist, train_mnist
 
 
@@ -74,6 +75,7 @@ def parser():
                    help="continue a checkpointed run bit for bit, with the checkpoint's training "
                         "options (batch sizes, --lr, --val-split, --seed, data); default: start "
                         "afresh")
+    add_log_option(t)
     add_compile_flags(t)
     for m in models:
         h = f"train the MNIST model {m} with compiled kernels"
