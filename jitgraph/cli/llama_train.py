@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -257,6 +258,12 @@ def add_dump_options(p):
     p.add_argument("--program", choices=("train", "prefill", "decode"), default="train",
                    help="llama only: the training step, or generation's prompt (prefill) or "
                         "one-token (decode) program")
+    p.add_argument("--layers", type=int_at_least(1), default=None, metavar="N",
+                   help="llama only: transformer blocks (default: 4, or the --gguf model's)")
+    p.add_argument("--gguf", metavar="MODEL.gguf",
+                   help="llama only: the architecture of this model (its metadata: width, "
+                        "heads, vocabulary; context at most 128 tokens); default: `train "
+                        "llama`'s default model")
 
 
 def _sha256(data: bytes) -> str:
@@ -867,9 +874,15 @@ def dump_llama(args):
     from ..models.generate import llama_decoder
     from ..models.llama import LlamaConfig, llama_forward
     from ..models.text import byte_vocab
+    from .dump import emit
     d = DEFAULTS
-    cfg = LlamaConfig(vocab=len(byte_vocab()), dim=d["dim"], layers=d["layers"],
-                      heads=d["heads"], kv_heads=d["kv_heads"], ff=d["ff"], ctx=d["ctx"])
+    if args.gguf:
+        cfg = _gguf_config(args.gguf)
+    else:
+        cfg = LlamaConfig(vocab=len(byte_vocab()), dim=d["dim"], layers=d["layers"],
+                          heads=d["heads"], kv_heads=d["kv_heads"], ff=d["ff"], ctx=d["ctx"])
+    if args.layers is not None:
+        cfg = dataclasses.replace(cfg, layers=args.layers)
     program = getattr(args, "program", "train")
     if program == "train":
         graph = llama_forward(cfg, args.batch_size or d["batch_size"], cfg.ctx, labels=True,
@@ -879,9 +892,8 @@ def dump_llama(args):
         graph = llama_decoder(cfg, 16 if program == "prefill" else 1, cfg.ctx,
                               last=program == "prefill")
         kw = {}
-    if args.stage == "graph":
-        print(graph)
-        return 0
+    if args.stage == "graph" and not args.memory_timeline:
+        return emit(args, graph=graph)
     absent = {"checkpoint"} | (set() if program == "train" else {"autodiff", "optimizer"})
     if args.stage in absent:
         raise ValueError(f"--stage {args.stage}: the llama {program} program has no such stage"
@@ -889,5 +901,14 @@ def dump_llama(args):
     with compile_progress(args, f"llama {program}"):
         prog = jg_compile(graph, fuse=not args.no_fuse, plan_memory=not args.no_plan,
                           check_finite=args.stage == "guard", target=compile_target(args), **kw)
-    print(prog.ir(args.stage))
-    return 0
+    return emit(args, prog)
+
+
+def _gguf_config(path):
+    """A LlamaConfig from a GGUF file's metadata alone (no weights read), its context capped
+    at `dump llama`'s default so the program stays small."""
+    from ..formats.gguf_metadata import read_metadata
+    from ..models.llama import LlamaConfig
+    check_model_file(path, "--gguf")
+    cfg = LlamaConfig.from_metadata(read_metadata(path))
+    return dataclasses.replace(cfg, ctx=min(cfg.ctx, DEFAULTS["ctx"]))

@@ -237,20 +237,22 @@ def eval_mnist(args):
 def dump(args):
     from .. import compile as jg_compile, optim
     from ..models import MODELS
+    from .dump import check_picture_options, emit
+    check_picture_options(args)
     if args.model == "llama":
         from .llama_train import dump_llama
         return dump_llama(args)
+    if args.layers is not None or args.gguf:
+        args.parser.error("arguments --layers and --gguf: apply to `dump llama` only")
     graph = MODELS[args.model](args.batch_size or 100)
-    if args.stage == "graph":
-        print(graph)
-        return 0
+    if args.stage == "graph" and not args.memory_timeline:
+        return emit(args, graph=graph)
     with compile_progress(args, args.model):
         prog = jg_compile(graph, loss="loss", optimizer=optim.AdamW(lr=1e-3),
                           fuse=not args.no_fuse, plan_memory=not args.no_plan,
                           check_finite=args.stage == "guard",   # the stage check_finite adds
                           target=compile_target(args))
-    print(prog.ir(args.stage))
-    return 0
+    return emit(args, prog)
 
 
 def add_data_options(p):
