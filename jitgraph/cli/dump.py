@@ -3,9 +3,10 @@ rendered by graphviz's `dot` program) and --memory-timeline (the arena over the 
 cli/memory_picture.py), written to --out; the text IR as before without them."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
+
+from ..formats.paths import write_atomic
 
 FORMATS = ("text", "dot", "svg", "png")
 
@@ -48,19 +49,6 @@ def check_picture_options(args):
         check_writable(args.out, "--out")
 
 
-def _write(path, data: bytes):
-    from ..formats.paths import temp_path
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def render(dot_text: str, fmt: str) -> bytes:
     """`dot_text` drawn as `fmt` (svg, png) by graphviz's `dot` program."""
     res = subprocess.run(["dot", f"-T{fmt}"], input=dot_text.encode(), capture_output=True)
@@ -89,9 +77,9 @@ def emit(args, prog=None, graph=None) -> int:
     else:
         text = prog.ir(args.stage, format="dot")
     if args.format in ("svg", "png"):
-        _write(args.out, render(text, args.format))
+        write_atomic(args.out, render(text, args.format))
     elif args.out:
-        _write(args.out, (text + "\n").encode())
+        write_atomic(args.out, (text + "\n").encode())
     else:
         print(text)
         return 0

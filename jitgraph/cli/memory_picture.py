@@ -19,7 +19,7 @@ def timeline_boxes(kernels, memory) -> list:
 
 
 def draw_memory_timeline(kernels, memory, path) -> None:
-    from .dump import _write
+    from ..formats.paths import write_atomic
     from .plot import figure_png, pyplot
     plt = pyplot("--memory-timeline")
     from matplotlib.patches import Rectangle
@@ -40,7 +40,7 @@ def draw_memory_timeline(kernels, memory, path) -> None:
     ax.set_title(f"{name}: arena {memory.arena_bytes / scale:.3g} {unit} over {steps} kernels "
                  f"({len(boxes)} buffers; naive {memory.naive_bytes / scale:.3g} {unit}, lower "
                  f"bound {memory.lower_bound / scale:.3g} {unit})", fontsize=9)
-    _write(path, figure_png(fig))
+    write_atomic(path, figure_png(fig))
 
 
 def _unit(n):

@@ -59,9 +59,8 @@ def curves(records) -> dict:
 
 
 def plot_logs(args) -> int:
-    from ..formats.paths import check_not_inputs, check_writable
+    from ..formats.paths import check_not_inputs, check_writable, write_atomic
     from ..formats.runlog import read_log
-    from .dump import _write
     labels = [s.strip() for s in args.labels.split(",")] if args.labels else \
         [os.path.splitext(os.path.basename(p))[0] for p in args.logs]
     if len(labels) != len(args.logs):
@@ -92,7 +91,7 @@ def plot_logs(args) -> int:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(args.title or "training and validation loss", fontsize=10)
-    _write(args.out, figure_png(fig))
+    write_atomic(args.out, figure_png(fig))
     print(f"wrote {args.out}")
     return 0
 

@@ -46,10 +46,8 @@ class RunLog:
 
     def __init__(self, path, name: str, *, resume=False, options=None):
         self.path = os.fspath(path)
-        # a torn last line (a killed run) would glue onto the first record appended
-        if resume and _ends_torn(self.path):
-            with open(self.path, "ab") as f:
-                f.write(b"\n")
+        if resume:
+            _drop_torn_tail(self.path)
         self._f = open(self.path, "a" if resume else "w", encoding="utf-8")
         self.write("run", name=name, resumed=bool(resume), time=time.time(),
                    options=_clean(options or {}))
@@ -78,17 +76,16 @@ class RunLog:
         return False
 
 
-def _ends_torn(path) -> bool:
-    """Whether the file exists, is not empty and its last byte is not a newline."""
+def _drop_torn_tail(path) -> None:
+    """Cut a torn last line (a run killed mid-write) off the file, so the records appended
+    after it start on a line of their own."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() == 0:
-                return False
-            f.seek(-1, os.SEEK_END)
-            return f.read(1) != b"\n"
+        with open(path, "rb+") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
     except FileNotFoundError:
-        return False
+        pass
 
 
 def check_record(path, lineno: int, rec) -> None:
