@@ -93,3 +93,64 @@ def test_reader_skips_a_torn_last_line_and_refuses_others(tmp_path):
     p.write_text(lines[0] + '\n{"kind": "step", "loss": 1.0}\n')
     with pytest.raises(ValueError, match=r"r\.jsonl:2: step record field 'step' is missing"):
         read_log(p)
+
+
+def _events(directory):
+    """{tag: {step: value}} of the scalars in the TensorBoard event files of `directory`
+    (TFRecord framing: length, its CRC, an Event protobuf, its CRC)."""
+    import struct
+    from tensorboardX.proto.event_pb2 import Event
+    out = {}
+    for f in sorted(directory.glob("events.out.tfevents.*")):
+        data, at = f.read_bytes(), 0
+        while at < len(data):
+            (n,) = struct.unpack("<Q", data[at:at + 8])
+            ev = Event.FromString(data[at + 12:at + 12 + n])
+            at += 12 + n + 4
+            for v in ev.summary.value:
+                out.setdefault(v.tag, {})[ev.step] = v.simple_value
+    return out
+
+
+def test_tensorboard_scalars_match_the_log(tmp_path):
+    pytest.importorskip("tensorboardX", reason="tensorboardX is not installed "
+                                               "(pip install -e '.[tensorboard]')")
+    log, board = tmp_path / "run.jsonl", tmp_path / "tb"
+    assert cli.main([*MNIST, "--epochs", "1", "--log", str(log), "--tensorboard",
+                     str(board)]) == 0
+    recs, ev = read_log(log), _events(board)
+    steps = _kinds(recs, "step")
+    assert ev["train/loss"] == pytest.approx({r["step"]: r["loss"] for r in steps}, rel=1e-6)
+    assert ev["train/samples_per_s"] == pytest.approx(
+        {r["step"]: r["samples_per_s"] for r in steps}, rel=1e-6)
+    val, test = _kinds(recs, "eval")
+    assert ev["val/loss"] == pytest.approx({val["step"]: val["loss"]}, rel=1e-6)
+    assert ev["test/accuracy"] == pytest.approx({test["step"]: test["accuracy"]}, rel=1e-6)
+
+
+def test_tensorboard_without_tensorboardx_names_the_extra(tmp_path, monkeypatch, capsys):
+    import sys
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    assert cli.main([*MNIST, "--tensorboard", str(tmp_path / "tb")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tensorboardX" in err[0] and ".[tensorboard]" in err[0]
+
+
+def test_finetune_log_appends_on_resume(tmp_path, testdata, capsys):
+    from jitgraph.models.text import read_corpus
+    text = tmp_path / "t.txt"
+    text.write_bytes(read_corpus()[:40_000])
+    log, ck = tmp_path / "ft.jsonl", tmp_path / "ck.gguf"
+    args = ["finetune", str(testdata.stories), "--text", str(text), "--lora-rank", "2",
+            "--ctx", "32", "--batch-size", "2", "--eval-every", "1", "--no-ppl", "--quiet",
+            "--out", str(tmp_path / "a.gguf"), "--log", str(log)]
+    assert cli.main([*args, "--steps", "2", "--checkpoint", str(ck)]) == 0
+    assert cli.main([*args, "--steps", "3", "--resume", str(ck), "--json"]) == 0
+    curve = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["curve"]
+    recs = read_log(log)
+    assert [(r["name"], r["resumed"]) for r in _kinds(recs, "run")] == \
+        [("jitgraph finetune", False), ("jitgraph finetune", True)]
+    assert [r["step"] for r in _kinds(recs, "step")] == [1, 2, 3]
+    # the checkpoint carries the curve across the resume: the log's evals are that curve
+    assert [(e["step"], e["loss"]) for e in _kinds(recs, "eval")] == \
+        [(c["step"], c["val"]) for c in curve]

@@ -201,6 +201,8 @@ def check_outputs(args, inputs: dict) -> None:
     for flag, path in outputs.items():
         if path:
             check_writable(path, flag)
+    from .logs import check_tensorboard
+    check_tensorboard(args)
 
 
 def add_compile_flags(p):

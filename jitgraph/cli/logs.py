@@ -1,7 +1,9 @@
-"""--log FILE.jsonl on the training commands: the option, and the run log it opens
-(jitgraph/formats/runlog.py: one JSON line per step and per evaluation, flushed as written)."""
+"""--log FILE.jsonl and --tensorboard DIR on the training commands: the options, and the logs
+they open (jitgraph/formats/runlog.py: one JSON line per step and per evaluation, flushed as
+written; TensorBoard scalars through tensorboardX, the optional extra `tensorboard`)."""
 from __future__ import annotations
 
+import os
 import time
 
 # option values a run log's header leaves out: the parser's own objects, not options
@@ -14,19 +16,93 @@ def add_log_option(p):
                         "throughput; val loss and perplexity or accuracy), flushed as written: "
                         "a new run truncates the file, --resume appends; `jitgraph plot` draws "
                         "it")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the step and evaluation figures as TensorBoard scalars in "
+                        "DIR (`tensorboard --logdir DIR` shows them); needs tensorboardX: "
+                        "pip install -e '.[tensorboard]'")
+
+
+def check_tensorboard(args):
+    """--tensorboard: tensorboardX importable and DIR a directory (made if missing), before
+    anything compiles."""
+    d = getattr(args, "tensorboard", None)
+    if not d:
+        return
+    try:
+        import tensorboardX  # noqa: F401
+    except ImportError:
+        raise ValueError("--tensorboard needs tensorboardX, which is not installed: pip install "
+                         "-e '.[tensorboard]' (the optional extra `tensorboard`)") from None
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise NotADirectoryError(f"--tensorboard {d}: exists and is not a directory")
+    os.makedirs(d, exist_ok=True)
+
+
+class TensorBoardLog:
+    """Step and eval records as TensorBoard scalars: train/loss, train/ms, train/lr and the
+    throughput at each step; <split>/loss, perplexity, accuracy at each evaluation."""
+
+    def __init__(self, logdir):
+        from tensorboardX import SummaryWriter
+        self._w = SummaryWriter(logdir=logdir)
+
+    def _add(self, tag, value, step):
+        if value is not None and not isinstance(value, bool):
+            self._w.add_scalar(tag, float(value), int(step))
+
+    def step(self, step, loss, **fields):
+        self._add("train/loss", loss, step)
+        for k in ("ms", "lr", "tokens_per_s", "samples_per_s"):
+            self._add(f"train/{k}", fields.get(k), step)
+        self._w.flush()
+
+    def eval(self, step, loss, split="val", **fields):
+        self._add(f"{split}/loss", loss, step)
+        for k in ("perplexity", "accuracy"):
+            self._add(f"{split}/{k}", fields.get(k), step)
+        self._w.flush()
+
+    def close(self):
+        self._w.close()
+
+
+class _Both:
+    """The JSON-lines log and the TensorBoard scalars, written together."""
+
+    def __init__(self, *logs):
+        self.logs = logs
+
+    def step(self, *a, **kw):
+        for log in self.logs:
+            log.step(*a, **kw)
+
+    def eval(self, *a, **kw):
+        for log in self.logs:
+            log.eval(*a, **kw)
+
+    def close(self):
+        for log in self.logs:
+            log.close()
 
 
 def open_log(args, name: str, write=True):
-    """The RunLog of --log (appended to under --resume, truncated otherwise), or None without
-    --log or when `write` is false (an MPI rank other than 0). Each line is flushed as it is
-    written, so a command that ends by an error loses nothing by leaving it to be closed."""
-    path = getattr(args, "log", None)
-    if not path or not write:
+    """The RunLog of --log (appended to under --resume, truncated otherwise) and the scalars of
+    --tensorboard, or None without them or when `write` is false (an MPI rank other than 0).
+    Each record is flushed as it is written, so a command that ends by an error loses nothing
+    by leaving the log to be closed."""
+    path, board = getattr(args, "log", None), getattr(args, "tensorboard", None)
+    if not write or not (path or board):
         return None
-    from ..formats.runlog import RunLog
-    options = {k: v for k, v in vars(args).items()
-               if k not in _NOT_OPTIONS and isinstance(v, (str, int, float, bool, type(None)))}
-    return RunLog(path, name, resume=bool(getattr(args, "resume", None)), options=options)
+    logs = []
+    if path:
+        from ..formats.runlog import RunLog
+        options = {k: v for k, v in vars(args).items()
+                   if k not in _NOT_OPTIONS and isinstance(v, (str, int, float, bool, type(None)))}
+        logs.append(RunLog(path, name, resume=bool(getattr(args, "resume", None)),
+                           options=options))
+    if board:
+        logs.append(TensorBoardLog(board))
+    return logs[0] if len(logs) == 1 else _Both(*logs)
 
 
 class StepLog:
