@@ -22,8 +22,14 @@ LAYER_NAME = re.compile(r"(?<![A-Za-z0-9])(?:blk|layers|layer|h)\.(\d+)\.")
 
 
 def _q(text) -> str:
-    """A dot string literal."""
-    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A dot string literal of any text: backslashes and quotes escaped, line breaks as dot's
+    \\n, other control characters shown as \\xNN (dot reads its input as C strings)."""
+    out = []
+    for line in re.split(r"\r\n|\r|\n", str(text)):
+        line = line.replace("\\", "\\\\").replace('"', '\\"')
+        out.append("".join(f"\\\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c
+                           for c in line))
+    return '"' + "\\n".join(out) + '"'
 
 
 def _layers(graph, kernels=None) -> dict:

@@ -166,3 +166,23 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
     assert cli.main(["plot", str(p), "--out", str(tmp_path / "c.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "matplotlib" in err[0] and ".[plot]" in err[0]
+
+
+@pytest.mark.skipif(shutil.which("dot") is None,
+                    reason="graphviz's `dot` is not installed (apt-get install graphviz)")
+def test_hostile_names_stay_labels():
+    """Names with quotes, braces, backslashes, line breaks and control characters are drawn as
+    text: dot parses the output, draws every node and shows the names in the labels."""
+    run = 'open("owned.txt", "w")'
+    for payload in (f'z"}}\n{run}\n"', f"z\r{run}\r\n#", f"z\x00\n{run}\\",
+                    f"z\u2028{run}\x0c\x0b{{}}%s\\N\\G<b>"):
+        g = jg.Graph(payload)
+        x = g.input(payload + "_x", (2, 3))
+        w = g.param(payload + "_w", (3, 3))
+        g.output(**{payload + "_y": jg.tanh(x @ w)})
+        dot = to_dot(g)
+        res = subprocess.run(["dot", "-Tsvg"], input=dot.encode(), capture_output=True)
+        assert res.returncode == 0, res.stderr
+        svg = res.stdout.decode()
+        assert svg.count('class="node"') == len(g.nodes) + len(g.outputs)
+        assert "open(&quot;owned.txt&quot;" in svg
