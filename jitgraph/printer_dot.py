@@ -113,12 +113,14 @@ def _fold(graph, layer_of, kernel_of, names):
 
 
 def _slot_fill(graph, memory, nid, colours):
-    """(fill colour, where) of a value's buffer in `memory`."""
-    slot = memory.slots.get(base(graph, nid))
+    """(fill colour, where) of a value in `memory`: where its own slot lies (a view's range of
+    its base's), coloured by its base's buffer."""
+    slot, home = memory.slots.get(nid), memory.slots.get(base(graph, nid))
+    slot = slot or home
     if slot is None:
         return None, None
     if slot.region == "arena":
-        return colours[slot.offset], f"arena@{slot.offset} +{slot.nbytes}"
+        return colours[(home or slot).offset], f"arena@{slot.offset} +{slot.nbytes}"
     if slot.region == "persist":
         return "#e8e8e8", f"persist@{slot.offset}"
     return "#ffffff", f"{slot.region}#{slot.pointer}"
@@ -140,8 +142,8 @@ def to_dot(graph, kernels=None, memory=None, *, fold=True, title=None) -> str:
     kernel_of = {} if kernels is None else {nid: k for k in kernels.kernels for nid in k.nodes}
     layer_of = {nid: lay for nid, lay in _layers(graph, kernels).items() if nid in drawn}
     rep, runs = _fold(graph, layer_of, kernel_of, names) if fold else ({}, [])
-    offsets = sorted({s.offset for s in (memory.slots.values() if memory else ())
-                      if s.region == "arena"})
+    offsets = sorted({s.offset for nid, s in (memory.slots.items() if memory else ())
+                      if s.region == "arena" and base(graph, nid) == nid})   # buffers, no views
     colours = {off: PALETTE[i % len(PALETTE)] for i, off in enumerate(offsets)}
 
     def node_line(nid):

@@ -468,8 +468,17 @@ class Program:
         if format == "text":
             return text
         from jitgraph.printer_dot import to_dot
-        graph, kernels, memory = self._products.stages[stage]
+        graph, kernels, memory = self.at_stage(stage)
         return to_dot(graph, kernels, memory, title=f"{graph.name} after {stage}")
+
+    def at_stage(self, stage: str = "kernels") -> tuple:
+        """(graph, KernelGraph, MemoryPlan) as compiler stage `stage` left them (kernels and
+        plan None before fuse and memory)."""
+        try:
+            return self._products.stages[stage]
+        except KeyError:
+            raise KeyError(f"no stage {stage!r}; this program has "
+                           f"{', '.join(self._products.stages)}") from None
 
     def stats(self) -> dict:
         return {**self._stats, "steps": self.calls}

@@ -46,7 +46,7 @@ def test_graph_dot_has_a_node_per_value_and_an_edge_per_operand(fc):
 
 
 def test_fused_dot_has_a_cluster_per_kernel(fc):
-    g, kernels, _ = fc._products.stages["fuse"]
+    g, kernels, _ = fc.at_stage("fuse")
     dot = fc.ir("fuse", format="dot")
     nodes, edges, clusters = _parse(dot)
     assert sorted(clusters) == sorted(k.id for k in kernels.kernels)
@@ -61,7 +61,7 @@ def test_fused_dot_has_a_cluster_per_kernel(fc):
 
 
 def test_memory_dot_fills_values_by_arena_slot(fc):
-    g, _, memory = fc._products.stages["memory"]
+    g, _, memory = fc.at_stage("memory")
     nodes, _, _ = _parse(fc.ir("memory", format="dot"))
     fill_of_offset = {}
     for nid, (label, fill) in nodes.items():
@@ -103,7 +103,7 @@ def test_dump_svg_draws_every_node(tmp_path, fc):
     dot = fc.ir("fuse", format="dot")
     nodes, _, clusters = _parse(dot)
     outputs = dot.count("shape=house")                  # a node per graph output too
-    assert outputs == len(fc._products.stages["fuse"][0].outputs)
+    assert outputs == len(fc.at_stage("fuse")[0].outputs)
     assert svg.count('class="node"') == len(nodes) + outputs
     assert svg.count('class="cluster"') == len(clusters)
 

@@ -28,7 +28,7 @@ def add_picture_options(p):
 
 def check_picture_options(args):
     """Usage errors and missing tools, before anything compiles."""
-    from ..formats.paths import check_writable
+    from ..formats.paths import check_not_inputs, check_writable
     if args.memory_timeline:
         if args.format not in ("text", "png"):
             args.parser.error(f"argument --memory-timeline: draws a PNG; drop --format "
@@ -46,6 +46,7 @@ def check_picture_options(args):
                              f"not on PATH (Debian/Ubuntu: apt-get install graphviz); --format "
                              f"dot writes the dot text without it")
     if args.out:
+        check_not_inputs({"--out": args.out}, {"--gguf": getattr(args, "gguf", None)})
         check_writable(args.out, "--out")
 
 
@@ -67,7 +68,7 @@ def emit(args, prog=None, graph=None) -> int:
     the uncompiled `graph` (--stage graph)."""
     if args.memory_timeline:
         from .memory_picture import draw_memory_timeline
-        _, kernels, memory = prog._products.stages["memory"]
+        _, kernels, memory = prog.at_stage("memory")
         draw_memory_timeline(kernels, memory, args.out)
         if not args.quiet:
             print(f"wrote {args.out}")
