@@ -186,3 +186,19 @@ def test_hostile_names_stay_labels():
         svg = res.stdout.decode()
         assert svg.count('class="node"') == len(g.nodes) + len(g.outputs)
         assert "open(&quot;owned.txt&quot;" in svg
+
+
+def test_dump_llama_takes_layers_and_a_gguf(testdata, capsys):
+    from jitgraph.models.llama import read_llama
+    cfg = read_llama(str(testdata.stories))[0]
+    assert cli.main(["dump", "llama", "--gguf", str(testdata.stories), "--layers", "7",
+                     "--stage", "graph", "--format", "dot", "--batch-size", "1"]) == 0
+    dot = capsys.readouterr().out
+    # the model's width from its metadata; seven layers, the middle five drawn once
+    assert f'label="blk.0.attn_norm.weight\\nf32[{cfg.dim}]"' in dot
+    assert "layers 1-5 (x5, identical: drawn once)" in dot and "blk.6.attn_norm" in dot
+    assert "blk.7." not in dot
+    with pytest.raises(SystemExit) as e:                # a usage error, exit status 2
+        cli.main(["dump", "mnist-fc", "--layers", "2"])
+    assert e.value.code == 2
+    assert "apply to `dump llama` only" in capsys.readouterr().err
