@@ -193,8 +193,9 @@ def apply_threads(args):
 
 
 def check_outputs(args, inputs: dict) -> None:
-    """--out, --checkpoint and --log (those `args` has) writable for real, distinct, and none of them
-    one of `inputs` (option -> path; --checkpoint may be --resume), before anything compiles."""
+    """--out, --checkpoint and --log (those `args` has) writable for real, distinct, and none of
+    them one of `inputs` (option -> path; --checkpoint may be --resume); --tensorboard usable;
+    before anything compiles."""
     from ..formats.paths import check_not_inputs, check_writable
     outputs = {f: getattr(args, f[2:], None) for f in ("--out", "--checkpoint", "--log")}
     check_not_inputs(outputs, inputs, allow=(("--checkpoint", "--resume"),))

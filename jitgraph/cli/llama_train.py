@@ -416,7 +416,8 @@ def _fit(args, trainer, save, curve):
                 val = trainer.val_loss()
                 curve.append({"step": s, "train": float(np.mean(window)), "val": val})
                 if log:
-                    log.eval(s, val, train_loss=curve[-1]["train"], perplexity=math.exp(val) if val < 709 else None)
+                    log.eval(s, val, train_loss=curve[-1]["train"],
+                             perplexity=math.exp(val) if val < 709 else None)
                 window.clear()
                 line = (f"step {s}/{total}: train {curve[-1]['train']:.4f}  val {val:.4f}  "
                         f"({1e3 * seconds / ran:.1f} ms/step, "
