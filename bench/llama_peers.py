@@ -6,7 +6,7 @@ time; jitgraph's compile time cold and warm in fresh processes.
                                 [--block 10] [--threads N] [--check] [--torch-adam fused]
                                 [--systems jitgraph,torch,torch-compile,jax] [--no-train]
                                 [--no-compile-probe] [--probe-layers 4,12] [--finetune]
-                                [--json PATH]
+                                [--json PATH] [--log-dir DIR]
 
 The model, data and hyperparameters of issue 17: byte vocabulary (256), width 128, 4 layers,
 4 heads, feed-forward 352 (SwiGLU), context 128, batch 16; AdamW lr 1e-3, weight decay 0, betas
@@ -379,9 +379,12 @@ def sgemm():
     return sgemm_gflops()
 
 
-def train_side_by_side(systems, text, steps, eval_at, block):
+def train_side_by_side(systems, text, steps, eval_at, block, logs=None):
     """Every system trains `steps` steps on the same batches, taking turns every `block` steps.
-    Returns {name: {"times": [s per step], "loss": [...], "val": {step: val loss}}}."""
+    Returns {name: {"times": [s per step], "loss": [...], "val": {step: val loss}}}. `logs`:
+    {name: jitgraph.formats.runlog.RunLog} given a step and an eval record as they happen."""
+    logs = logs or {}
+    tokens = BATCH * text.ctx                         # tokens a step trains on
     res = {s.name: {"times": [], "cpu": [], "loss": [], "val": {}} for s in systems}
     done = 0
     while done < steps:
@@ -401,8 +404,15 @@ def train_side_by_side(systems, text, steps, eval_at, block):
                 r["loss"].append(loss)
                 r["times"].append(wall)
                 r["cpu"].append(cpu)
+                log = logs.get(s.name)
+                if log:
+                    log.step(i + 1, loss, lr=LR, ms=wall * 1e3, tokens_per_s=tokens / wall,
+                             tokens=tokens * (i + 1))
                 if i + 1 in eval_at:
                     r["val"][i + 1] = s.val_loss(text.val_batches)
+                    if log:
+                        v = r["val"][i + 1]
+                        log.eval(i + 1, v, perplexity=float(np.exp(v)) if v < 709 else None)
         done += n
     return res
 
@@ -578,6 +588,9 @@ def main(argv=None):
                     help="first: the PyTorch model given jitgraph's initial weights must compute "
                          "jitgraph's loss (the same model)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--log-dir", metavar="DIR",
+                    help="write a run log per system trained, DIR/<system>.jsonl (the format of "
+                         "`jitgraph train --log`: `jitgraph plot DIR/*.jsonl` compares them)")
     ap.add_argument("--_probe", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._probe is not None:
@@ -609,8 +622,19 @@ def main(argv=None):
                                else make(cfg, BATCH))
             except ImportError as e:
                 print(f"{name}: skipped ({e})")
+        logs = {}
+        if args.log_dir:
+            from jitgraph.formats.runlog import RunLog
+            os.makedirs(args.log_dir, exist_ok=True)
+            logs = {s.name: RunLog(Path(args.log_dir) / f"{s.name}.jsonl",
+                                   f"bench/llama_peers.py {s.name}",
+                                   options={**CONFIG, "layers": args.layers, "batch": BATCH,
+                                            "lr": LR, "steps": args.steps})
+                    for s in systems}
         before = sgemm()
-        res = train_side_by_side(systems, text, args.steps, eval_at, args.block)
+        res = train_side_by_side(systems, text, args.steps, eval_at, args.block, logs)
+        for log in logs.values():
+            log.close()
         close_all(systems)
         after = sgemm()
         print(f"\ntraining, {args.steps} steps on {Path(args.text).name} "

@@ -121,6 +121,7 @@ def build(source, options, backend):
                                   f"{', '.join(sorted(kinds))} kernels; compile with fuse=False")
     t1 = time.perf_counter()
     module, st.ir["kernels"] = backend.generate(st.kernels, st.memory)
+    st.stages["kernels"] = (st.graph, st.kernels, st.memory)
     dump("kernels", st.ir["kernels"])
     backend.check_fits(st.memory, module, shared_params=options.param_slots is not None)
     t2 = time.perf_counter()
@@ -137,4 +138,4 @@ def build(source, options, backend):
                       and not k.startswith(FLAG)),
         nonfinite=FLAG if FLAG in g.outputs else None,
         checks={k: k[len(FLAG) + 1:] for k in g.outputs if k.startswith(FLAG + "/")},
-        ir=st.ir, reports=st.reports, stats=stats)
+        ir=st.ir, stages=st.stages, reports=st.reports, stats=stats)

@@ -223,7 +223,9 @@ class Trainer:
         # compile the evaluator now, not inside epoch timing
         self.evaluator.run(**_feeds(dataset.x[first], dataset.y[first]))
 
-    def run_one_epoch(self, progress=None) -> EpochLog:
+    def run_one_epoch(self, progress=None, on_step=None) -> EpochLog:
+        """One epoch: training, then validation. `on_step(loss)` is called after each
+        training batch with its loss (this rank's, under MPI)."""
         t0 = time.perf_counter()
         train_idx = self.order[:self.n_train]
         if self.logical_batch < self.n_train:
@@ -233,9 +235,15 @@ class Trainer:
         w = self.world
         check = None if w is None or not w.check_every else \
             (lambda: w.maybe_check(self.program))
+        after = check
+        if on_step is not None:
+            def after():
+                if check is not None:
+                    check()
+                on_step(tr.losses[-1])
         with _bar(len(train_idx), f"epoch {self.epoch + 1} train", progress) as bar:
             run_epoch(lambda f: self.program.step(**f), self.dataset, train_idx,
-                      self.batch_size, tr, bar, world=w, after=check)
+                      self.batch_size, tr, bar, world=w, after=after)
         val_idx = self.order[self.n_train:]
         if len(val_idx):                  # every validation sample, a last partial batch too
             if len(val_idx) % self.batch_size:

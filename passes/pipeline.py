@@ -113,6 +113,7 @@ def run_pipeline(graph, options: Options) -> State:
                          "gradients and the update)")
     st = State(graph, options)
     st.ir["graph"] = str(graph)
+    st.stages["graph"] = (graph, None, None)
     dump("graph", st.ir["graph"])
     return run_stages(st, STAGES, record=True)
 

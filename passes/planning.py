@@ -35,6 +35,7 @@ class State:
     kernels: object = None      # jitgraph.plan.KernelGraph
     memory: object = None       # jitgraph.plan.MemoryPlan
     ir: dict = field(default_factory=dict)        # stage -> printed IR
+    stages: dict = field(default_factory=dict)    # stage -> (graph, kernels, memory) after it
     reports: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)   # stage -> seconds
 
@@ -99,6 +100,7 @@ def run_stages(st, stages, record=False) -> State:
         st.reports.append(rep)
         if record:
             st.ir[name] = _printed(name, st) + "\n" + str(rep)
+            st.stages[name] = (st.graph, st.kernels, st.memory)
             dump(name, st.ir[name])
     return st
 

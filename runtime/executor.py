@@ -40,6 +40,7 @@ class Products:
     nonfinite: str | None = None   # output that is nonzero when a checked value is not finite
     checks: dict = field(default_factory=dict)   # flag output -> the output it checks (guard)
     ir: dict = field(default_factory=dict)       # stage -> printed IR
+    stages: dict = field(default_factory=dict)   # stage -> (graph, kernels, memory) after it
     reports: list = field(default_factory=list)  # each pass's Report
     stats: dict = field(default_factory=dict)
 
@@ -470,12 +471,30 @@ class Program:
     run_into = step_into
 
     # ---- inspection ---------------------------------------------------------------------
-    def ir(self, stage: str = "kernels") -> str:
+    def ir(self, stage: str = "kernels", format: str = "text") -> str:
+        """The IR after `stage`: printed text, or with format="dot" graphviz dot text of the
+        graph, its kernels and memory plan as that stage left them (jitgraph/printer_dot.py)."""
+        if format not in ("text", "dot"):
+            raise ValueError(f"ir: format must be 'text' or 'dot', got {format!r}")
         try:
-            return self._products.ir[stage]
+            text = self._products.ir[stage]
         except KeyError:
             raise KeyError(f"no IR for stage {stage!r}; this program has "
                            f"{', '.join(self._products.ir)}") from None
+        if format == "text":
+            return text
+        from jitgraph.printer_dot import to_dot
+        graph, kernels, memory = self.at_stage(stage)
+        return to_dot(graph, kernels, memory, title=f"{graph.name} after {stage}")
+
+    def at_stage(self, stage: str = "kernels") -> tuple:
+        """(graph, KernelGraph, MemoryPlan) as compiler stage `stage` left them (kernels and
+        plan None before fuse and memory)."""
+        try:
+            return self._products.stages[stage]
+        except KeyError:
+            raise KeyError(f"no stage {stage!r}; this program has "
+                           f"{', '.join(self._products.stages)}") from None
 
     def stats(self) -> dict:
         return {**self._stats, "steps": self.calls}

@@ -275,10 +275,10 @@ def test_ctrl_c_then_resume_ignoring_options(tmp_path, capsys, monkeypatch):
     ck = tmp_path / "ck.gguf"
     real = Trainer.run_one_epoch
 
-    def interrupted_after_one(self, progress=None):
+    def interrupted_after_one(self, progress=None, on_step=None):
         if self.epoch >= 1:
             raise KeyboardInterrupt
-        return real(self, progress)
+        return real(self, progress, on_step)
 
     monkeypatch.setattr(Trainer, "run_one_epoch", interrupted_after_one)
     assert cli.main(["train", "mnist-fc", *TINY, "--epochs", "3", "--checkpoint", str(ck)]) == 130

@@ -193,14 +193,17 @@ def apply_threads(args):
 
 
 def check_outputs(args, inputs: dict) -> None:
-    """--out and --checkpoint (those `args` has) writable for real, distinct, and none of them
-    one of `inputs` (option -> path; --checkpoint may be --resume), before anything compiles."""
+    """--out, --checkpoint and --log (those `args` has) writable for real, distinct, and none of
+    them one of `inputs` (option -> path; --checkpoint may be --resume); --tensorboard usable;
+    before anything compiles."""
     from ..formats.paths import check_not_inputs, check_writable
-    outputs = {f: getattr(args, f[2:], None) for f in ("--out", "--checkpoint")}
+    outputs = {f: getattr(args, f[2:], None) for f in ("--out", "--checkpoint", "--log")}
     check_not_inputs(outputs, inputs, allow=(("--checkpoint", "--resume"),))
     for flag, path in outputs.items():
         if path:
             check_writable(path, flag)
+    from .logs import check_tensorboard
+    check_tensorboard(args)
 
 
 def add_compile_flags(p):

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -48,6 +50,7 @@ from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compi
                      add_ftype, add_threads_flag, adopt_resumed, apply_threads, check_model_file,
                      check_outputs, compile_progress, compile_target, float_in, int_at_least,
                      note_unsaved, say, warn)
+from .logs import add_log_option, open_log
 
 VAL_BATCHES = 20
 # `train llama` options a checkpoint records: --resume continues with these
@@ -186,6 +189,7 @@ def _loop_options(p, steps):
     p.add_argument("--resume", metavar="CKPT.gguf",
                    help="continue a checkpointed run bit for bit, with the checkpoint's "
                         "training options; default: start afresh")
+    add_log_option(p)
     add_threads_flag(p)
     add_compile_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -257,6 +261,12 @@ def add_dump_options(p):
     p.add_argument("--program", choices=("train", "prefill", "decode"), default="train",
                    help="llama only: the training step, or generation's prompt (prefill) or "
                         "one-token (decode) program")
+    p.add_argument("--layers", type=int_at_least(1), default=None, metavar="N",
+                   help="llama only: transformer blocks (default: 4, or the --gguf model's)")
+    p.add_argument("--gguf", metavar="MODEL.gguf",
+                   help="llama only: the architecture of this model (its metadata: width, "
+                        "heads, vocabulary; context at most 128 tokens); default: `train "
+                        "llama`'s default model")
 
 
 def _sha256(data: bytes) -> str:
@@ -391,12 +401,19 @@ def _fit(args, trainer, save, curve):
     all save (rank 0 writes) after that same step and raise _Stopped."""
     total, seconds, ran, window = args.steps, 0.0, 0, trainer.window
     world = trainer.world
+    log = open_log(args, f"jitgraph {'train llama' if args.cmd == 'train' else args.cmd}",
+                   world is None or world.is_root)
     with _Deferred() as signals, _bar(args, total, min(trainer.step, total)) as bar:
         while trainer.step < total:
             t0 = time.perf_counter()
             loss = trainer.train_step()
-            seconds += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            seconds += dt
             ran += 1
+            if log:
+                log.step(trainer.step, loss, lr=args.lr, ms=1e3 * dt,
+                         tokens_per_s=trainer.tokens_per_step / dt,
+                         tokens=trainer.tokens_per_step * trainer.step)
             window.append(loss)
             bar.update(1)
             bar.set_postfix_str(f"loss {loss:.4f}, {trainer.tokens_per_step * ran / seconds:,.0f} "
@@ -405,6 +422,9 @@ def _fit(args, trainer, save, curve):
             if s % args.eval_every == 0 or s == total:
                 val = trainer.val_loss()
                 curve.append({"step": s, "train": float(np.mean(window)), "val": val})
+                if log:
+                    log.eval(s, val, train_loss=curve[-1]["train"],
+                             perplexity=math.exp(val) if val < 709 else None)
                 window.clear()
                 line = (f"step {s}/{total}: train {curve[-1]['train']:.4f}  val {val:.4f}  "
                         f"({1e3 * seconds / ran:.1f} ms/step, "
@@ -424,6 +444,8 @@ def _fit(args, trainer, save, curve):
             if signals.pending or s == total or s % args.save_every == 0:
                 save(signals.pending)
             signals.check()
+    if log:
+        log.close()
     return {"seconds": seconds, "steps": ran}
 
 
@@ -869,9 +891,15 @@ def dump_llama(args):
     from ..models.generate import llama_decoder
     from ..models.llama import LlamaConfig, llama_forward
     from ..models.text import byte_vocab
+    from .dump import emit
     d = DEFAULTS
-    cfg = LlamaConfig(vocab=len(byte_vocab()), dim=d["dim"], layers=d["layers"],
-                      heads=d["heads"], kv_heads=d["kv_heads"], ff=d["ff"], ctx=d["ctx"])
+    if args.gguf:
+        cfg = _gguf_config(args.gguf)
+    else:
+        cfg = LlamaConfig(vocab=len(byte_vocab()), dim=d["dim"], layers=d["layers"],
+                          heads=d["heads"], kv_heads=d["kv_heads"], ff=d["ff"], ctx=d["ctx"])
+    if args.layers is not None:
+        cfg = dataclasses.replace(cfg, layers=args.layers)
     program = getattr(args, "program", "train")
     if program == "train":
         graph = llama_forward(cfg, args.batch_size or d["batch_size"], cfg.ctx, labels=True,
@@ -881,9 +909,8 @@ def dump_llama(args):
         graph = llama_decoder(cfg, 16 if program == "prefill" else 1, cfg.ctx,
                               last=program == "prefill")
         kw = {}
-    if args.stage == "graph":
-        print(graph)
-        return 0
+    if args.stage == "graph" and not args.memory_timeline:
+        return emit(args, graph=graph)
     absent = {"checkpoint"} | (set() if program == "train" else {"autodiff", "optimizer"})
     if args.stage in absent:
         raise ValueError(f"--stage {args.stage}: the llama {program} program has no such stage"
@@ -891,5 +918,14 @@ def dump_llama(args):
     with compile_progress(args, f"llama {program}"):
         prog = jg_compile(graph, fuse=not args.no_fuse, plan_memory=not args.no_plan,
                           check_finite=args.stage == "guard", target=compile_target(args), **kw)
-    print(prog.ir(args.stage))
-    return 0
+    return emit(args, prog)
+
+
+def _gguf_config(path):
+    """A LlamaConfig from a GGUF file's metadata alone (no weights read), its context capped
+    at `dump llama`'s default so the program stays small."""
+    from ..formats.gguf_metadata import read_metadata
+    from ..models.llama import LlamaConfig
+    check_model_file(path, "--gguf")
+    cfg = LlamaConfig.from_metadata(read_metadata(path))
+    return dataclasses.replace(cfg, ctx=min(cfg.ctx, DEFAULTS["ctx"]))

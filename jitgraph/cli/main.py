@@ -16,6 +16,8 @@ from .common import (EXIT_ERROR, EXIT_INTERRUPT, EXIT_TERMINATED, HelpFormatter,
                      add_compile_flags, add_ftype, add_target_flags, add_threads_flag, float_in,
                      in_worker, int_at_least, raise_terminated)
 from .llama import add_lora_options, export_lora, generate_text, score_perplexity
+from .dump import add_picture_options
+from .logs import add_log_option
 from .mnist import add_data_options, dump, eval_mnist, train_mnist
 
 
@@ -74,6 +76,7 @@ def parser():
                    help="continue a checkpointed run bit for bit, with the checkpoint's training "
                         "options (batch sizes, --lr, --val-split, --seed, data); default: start "
                         "afresh")
+    add_log_option(t)
     add_compile_flags(t)
     for m in models:
         h = f"train the MNIST model {m} with compiled kernels"
@@ -102,6 +105,7 @@ def parser():
     d.add_argument("--batch-size", type=int_at_least(1), default=None, metavar="B",
                    help="samples per step (default: 100; llama: 16 windows of 128 tokens)")
     add_dump_options(d)
+    add_picture_options(d)
     add_compile_flags(d)
     d.add_argument("--quiet", action="store_true", help="no compile progress bar")
     d.set_defaults(fn=dump, parser=d)
@@ -174,6 +178,10 @@ def parser():
 
     add_finetune(command("finetune", "finetune a llama GGUF model on a text: LoRA adapters on "
                                      "the frozen model, or every weight"))
+
+    from .plot import add_plot
+    add_plot(command("plot", "draw the training and validation loss of run logs (--log) as a "
+                             "PNG, one colour per run"))
 
     from .tokenize import add_tokenize
     add_tokenize(command("tokenize", "print the token ids of a text under a GGUF model's "

@@ -10,6 +10,7 @@ import time
 
 from .common import (Run, Terminated, adopt_resumed, check_model_file, check_outputs,
                      compile_progress, compile_target, int_at_least, note_unsaved, say, warn)
+from .logs import StepLog, log_result, open_log
 
 
 # training options a checkpoint records: `--resume` continues with these, not the command line's
@@ -152,9 +153,12 @@ def _train_ranks(args, world):
                   f"samples of each batch and {world.threads} thread(s) per rank")
     progress = None if not args.quiet else False
     epoch_seconds, last = [], None
+    log = open_log(args, f"jitgraph train {args.model}", world is None or world.is_root)
+    steps = log and StepLog(log, prog, lr=args.lr, per_step=args.batch_size, unit="samples")
     try:
         while trainer.epoch < args.epochs:
-            last = trainer.run_one_epoch(progress)
+            last = trainer.run_one_epoch(progress, steps and steps.started())
+            log_result(log, prog.calls, last.val, train=last.train)
             epoch_seconds.append(last.seconds)
             say(args, f"epoch {last.epoch}/{args.epochs}: train {last.train}  val {last.val}  "
                       f"({last.seconds:.2f} s)")
@@ -175,6 +179,9 @@ def _train_ranks(args, world):
         raise
     test = evaluate(trainer.evaluator, test_ds, args.batch_size, progress, world=world)
     say(args, f"test ({test.ndata} samples): {test}")
+    log_result(log, prog.calls, test, split="test")
+    if log:
+        log.close()
     if args.out and (world is None or world.is_root):
         save_model(args.out, args.model, dict(prog.params), data=_data_kind(args))
         say(args, f"saved {args.out}")
@@ -230,20 +237,22 @@ def eval_mnist(args):
 def dump(args):
     from .. import compile as jg_compile, optim
     from ..models import MODELS
+    from .dump import check_picture_options, emit
+    check_picture_options(args)
     if args.model == "llama":
         from .llama_train import dump_llama
         return dump_llama(args)
+    if args.layers is not None or args.gguf:
+        args.parser.error("arguments --layers and --gguf: apply to `dump llama` only")
     graph = MODELS[args.model](args.batch_size or 100)
-    if args.stage == "graph":
-        print(graph)
-        return 0
+    if args.stage == "graph" and not args.memory_timeline:
+        return emit(args, graph=graph)
     with compile_progress(args, args.model):
         prog = jg_compile(graph, loss="loss", optimizer=optim.AdamW(lr=1e-3),
                           fuse=not args.no_fuse, plan_memory=not args.no_plan,
                           check_finite=args.stage == "guard",   # the stage check_finite adds
                           target=compile_target(args))
-    print(prog.ir(args.stage))
-    return 0
+    return emit(args, prog)
 
 
 def add_data_options(p):

@@ -19,6 +19,19 @@ def temp_path(path) -> str:
     return os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
 
 
+def write_atomic(path, data: bytes) -> None:
+    """Write `data` to `path` through its temporary file, renamed over `path` when complete."""
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def check_writable(path, what=None) -> None:
     """Raise OSError naming `path` (and `what`, e.g. "--out") unless a file can be written at
     `path`: its directory exists, `path` is not a directory nor anything but a regular file, and
