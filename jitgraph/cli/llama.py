@@ -31,7 +31,7 @@ def score_perplexity(args):
     try:
         res = perplexity(model, text, n_ctx=args.ctx, batch=args.batch_size, kv_f16=args.kv_f16,
                          progress=None if bar is None else bar, lora=lora,
-                         lora_scale=args.lora_scale, target=target)
+                         lora_scale=args.lora_scale, target=target, chunks=args.chunks)
     finally:                        # an error's line is not written over the bar
         if bar is not None:
             bar.close()

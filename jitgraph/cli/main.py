@@ -122,6 +122,9 @@ def parser():
                    help="tokens per chunk (n_ctx); the second half of each chunk is scored")
     q.add_argument("--batch-size", type=int_at_least(1), default=8, metavar="B",
                    help="chunks per compiled forward pass")
+    q.add_argument("--chunks", type=int_at_least(1), default=None, metavar="N",
+                   help="score only the first N chunks (llama-perplexity's --chunks); "
+                        "default: all")
     q.add_argument("--kv-f16", action="store_true",
                    help="round K, V, queries and attention probabilities to float16 as "
                         "llama.cpp's F16 KV cache does (slower)")

@@ -171,7 +171,7 @@ def with_lora(graph, adapter):
 
 def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
                kv_f16: bool = True, bos=None, lora=None, lora_scale: float = 1.0,
-               target: str = "cpu") -> PerplexityResult:
+               target: str = "cpu", chunks: int | None = None) -> PerplexityResult:
     """Perplexity of `model` on `text` with llama.cpp's method (see the module docstring).
 
     model: a llama GGUF path, or (LlamaConfig, params[, Tokenizer]) as read_llama returns.
@@ -185,7 +185,8 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
     vocabulary adds BOS (else nothing is replaced), False: never.
     lora: a LoRA adapter applied unmerged (jitgraph.models.lora): its GGUF path or (adapter
     params, alpha); lora_scale: llama.cpp's adapter scale (--lora-scale; 0 = the base model).
-    target: the compile target ("cpu", or "cuda").
+    target: the compile target ("cpu", or "cuda"). chunks: score only the first `chunks`
+    chunks (llama-perplexity's --chunks); None: all.
     Raises ValueError when the text has fewer than 2 * n_ctx tokens (llama.cpp's rule) or n_ctx
     is out of range."""
     from ..compiler import compile as jg_compile
@@ -220,6 +221,10 @@ def perplexity(model, text, n_ctx: int = 128, batch: int = 8, progress=None,
                          f"n_ctx {n_ctx} needs at least {2 * n_ctx} (2 * n_ctx, as llama.cpp)")
 
     n_chunk = len(ids) // n_ctx
+    if chunks is not None:
+        if int(chunks) < 1:
+            raise ValueError(f"perplexity: chunks {chunks} must be >= 1")
+        n_chunk = min(n_chunk, int(chunks))
     first = n_ctx // 2
     per_chunk = n_ctx - 1 - first
     chunks = ids[:n_chunk * n_ctx].reshape(n_chunk, n_ctx)
