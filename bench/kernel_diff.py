@@ -104,14 +104,20 @@ HASHED = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*?_[0-9a-f]{24}|k[0-9a-f]{16})\b")
 
 
 def normalise(text: str) -> str:
-    """Each hashed name replaced by <prefix>#<order of first appearance>."""
+    """Each hashed name replaced by <prefix>#<order of first appearance>, the order read with
+    the driver's `declare` lines left out (they are sorted by name, so by hash), which are then
+    sorted again."""
     seen = {}
-
-    def sub(m):
+    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("declare "))
+    for m in HASHED.finditer(body):
         name = m.group(1)
         prefix = name.rsplit("_", 1)[0] if "_" in name else "k"
-        return seen.setdefault(name, f"{prefix}#{len(seen)}")
-    return HASHED.sub(sub, text)
+        seen.setdefault(name, f"{prefix}#{len(seen)}")
+    lines = HASHED.sub(lambda m: seen.get(m.group(1), m.group(1)), text).splitlines()
+    decl = [i for i, ln in enumerate(lines) if ln.startswith("declare ")]
+    for i, ln in zip(decl, sorted(lines[i] for i in decl)):
+        lines[i] = ln
+    return "\n".join(lines) + "\n"
 
 
 def checkout(commit: str, tmp: Path) -> Path:
