@@ -74,7 +74,10 @@ def cpu(kg, plan):
 
 
 def cuda(kg, plan):
-    from jitgraph.runtime.cuda import program
+    try:
+        from jitgraph.runtime.cuda import generate as program
+    except ImportError:         # before the CUDA backend's split: runtime/cuda/program.py
+        from jitgraph.runtime.cuda import program
     gen = program.generate(kg, plan, tpb=256, tile=16)
     return program.listing(gen, kg.graph)
 
@@ -105,8 +108,8 @@ HASHED = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*?_[0-9a-f]{24}|k[0-9a-f]{16})\b")
 
 def normalise(text: str) -> str:
     """Each hashed name replaced by <prefix>#<order of first appearance>, the order read with
-    the driver's `declare` lines left out (they are sorted by name, so by hash), which are then
-    sorted again."""
+    the driver's `declare` lines left out; what is sorted by name, so by hash (the CPU driver's
+    `declare` lines, the CUDA module's kernel functions), sorted again."""
     seen = {}
     body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("declare "))
     for m in HASHED.finditer(body):
@@ -117,7 +120,11 @@ def normalise(text: str) -> str:
     decl = [i for i, ln in enumerate(lines) if ln.startswith("declare ")]
     for i, ln in zip(decl, sorted(lines[i] for i in decl)):
         lines[i] = ln
-    return "\n".join(lines) + "\n"
+    blocks = "\n".join(lines).split("\n\n\n")
+    funcs = [i for i, b in enumerate(blocks) if b.startswith("def k#")]
+    for i, b in zip(funcs, sorted(blocks[i] for i in funcs)):
+        blocks[i] = b
+    return "\n\n\n".join(blocks) + "\n"
 
 
 def checkout(commit: str, tmp: Path) -> Path:
