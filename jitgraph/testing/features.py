@@ -15,7 +15,7 @@ def features(g):
     for n in nodes:
         a = n.attr
         shape_in = nodes[n.inputs[0]].type.shape if n.inputs else ()
-        if n.op in ("sum", "mean", "max", "logsumexp"):
+        if get_op(n.op).kind == "reduction" and "axes" in a:
             f.add("reduce")
             if a["axes"] == ():
                 f.add("axis=()")
@@ -50,7 +50,7 @@ def features(g):
                     f.add("gemm result and operand producer read together")
                 if elementwise(p) and len(users[i]) >= 2:
                     f.add("gemm operand shared")
-        if n.op in ("softmax", "log_softmax", "rms_norm", "layer_norm"):
+        if get_op(n.op).kind == "rows":
             f.add("row op")
         if n.op == "cross_entropy":
             f.add("cross_entropy")
@@ -60,7 +60,7 @@ def features(g):
         if rep.stats.get("rewritten"):
             f.add("primitive row op")
             for n in pg.nodes:
-                if n.op in ("softmax", "log_softmax", "rms_norm", "layer_norm"):
+                if n.op not in ("input", "param") and get_op(n.op).kind == "rows":
                     f.add(f"primitive {n.op}")
                     if pg.nodes[n.inputs[0]].op == "full":
                         f.add("primitive row op on a constant")
