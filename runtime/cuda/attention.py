@@ -47,9 +47,10 @@ def kv_attention(ctx, n, note="") -> list:
           f"        e_ = {T}(math.exp(np.float64({w}[b, j] - m)))", f"        {w}[b, j] = e_",
           "        tot += np.float64(e_)", "        j += TPB"]
     L += block_reduce("tot", "sum", "np.float64", "sd", "    ")
-    L += [f"    inv = {T}(1.0 / tot) if tot > 0.0 else {T}(0.0)", "    j = t", "    while j < n:", f"        w_ = {w}[b, j]",
-          f"        {w}[b, j] = {pr}", "        j += TPB", "    cuda.syncthreads()",
-          "    d = t", f"    while d < {D}:", f"        acc = {T}(0.0)", "        for j in range(n):",
+    L += [f"    inv = {T}(1.0 / tot) if tot > 0.0 else {T}(0.0)", "    j = t", "    while j < n:",
+          f"        w_ = {w}[b, j]", f"        {w}[b, j] = {pr}", "        j += TPB",
+          "    cuda.syncthreads()", "    d = t", f"    while d < {D}:", f"        acc = {T}(0.0)",
+          "        for j in range(n):",
           f"            acc += {w}[b, j] * {va}[gk, d, j]", f"        {o}[s, h, d] = acc",
           "        d += TPB", "    cuda.syncthreads()", "    b += cuda.gridDim.x"]
     return [src.finish((ctx.blocks(S * H, 1),), (ctx.tpb,), note)]

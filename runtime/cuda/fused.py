@@ -281,8 +281,9 @@ def logsumexp_tail(element, out, nred, T) -> list:
     finite), then the sum of exponentials in float64."""
     lines, e = element("        ")
     head = [f"    for q in range(1, {nred}):"] + lines + [
-        f"        best = max(best, {e})", "    m = np.float64(best)", "    if not math.isfinite(m):",
-        "        m = 0.0", "    s = 0.0", f"    for q in range({nred}):"]
+        f"        best = max(best, {e})", "    m = np.float64(best)",
+        "    if not math.isfinite(m):", "        m = 0.0", "    s = 0.0",
+        f"    for q in range({nred}):"]
     lines, e = element("        ")
     return head + lines + [f"        s += math.exp(np.float64({e}) - m)",
                            f"    {out}[o] = {T}(math.log(s) + m)"]
