@@ -20,7 +20,8 @@ backend-neutral facts, which passes ask instead of comparing op names:
             writes only what differs from that operand (set_rows writes its rows); the memory
             plan uses it when the operand dies there, or is the param the result updates
 
-How a backend runs each op is the backend's own table (runtime/cpu/table.py).
+How a backend runs each op is the backend's own table (runtime/cpu/table.py,
+runtime/cuda/table.py), which renders `expr` and `rows` for the ops of those kinds.
 """
 from __future__ import annotations
 
