@@ -1,7 +1,8 @@
 """The generated kernels of two commits, compared: the CPU backend's kernel source (driver and
 kernel modules) and the CUDA backend's launch listing and kernel source, for a fixed set of
-training graphs (MNIST FC and CNN, a small llama step, the row ops fused and alone), each
-commit checked out with `git worktree` into a temporary folder and run from there.
+graphs (MNIST FC and CNN training, a small llama's training step, decode and prefill programs,
+the row ops fused and alone), each commit checked out with `git worktree` into a temporary
+folder and run from there.
 
     python bench/kernel_diff.py [A [B]] [--keep DIR] [--only NAME ...]
 
@@ -61,7 +62,11 @@ def graphs():
     cfg = LlamaConfig(vocab=64, dim=64, layers=1, heads=4, kv_heads=2, ff=128, ctx=64)
     yield "mnist_fc_train", mnist_fc(100), train
     yield "mnist_cnn_train", mnist_cnn(100), train
+    yield "mnist_cnn_train_unfused", mnist_cnn(100), dict(train, fuse=False)
     yield "llama_train", llama_forward(cfg, 2, 16, labels=True), train
+    from jitgraph.models.generate import llama_decoder
+    yield "llama_decode", llama_decoder(cfg, 1, 32, True), {}
+    yield "llama_prefill", llama_decoder(cfg, 8, 32, True), {}
     yield "rows_train", rows_graph(), train
     yield "rows_train_unfused", rows_graph(), dict(train, fuse=False)
     yield "rows_axis0_train", rows_graph(0), train
