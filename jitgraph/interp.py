@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .quant import as_storage, dequantize
 from .registry import get_op
 from .types import ShapeError
 
@@ -20,6 +21,9 @@ def check_feed(graph, inputs: dict, params: dict):
         out = {}
         for k, nid in table.items():
             t = graph.nodes[nid].type
+            if t.is_storage:
+                out[k] = as_storage(given[k], t)
+                continue
             a = np.asarray(given[k])
             if a.shape != t.shape:
                 raise ShapeError(f"{kind[:-1]} {k}: expected shape {t}, got {list(a.shape)}")
@@ -47,7 +51,9 @@ def run(graph, inputs: dict, params: dict | None = None, *, values=False) -> dic
         elif n.op == "param":
             vals[n.id] = params[n.attr["name"]]
         else:
-            r = np.asarray(get_op(n.op).ref(n.attr, *[vals[i] for i in n.inputs]))
+            args = [dequantize(vals[i], graph.nodes[i].type) if graph.nodes[i].type.is_storage
+                    else vals[i] for i in n.inputs]
+            r = np.asarray(get_op(n.op).ref(n.attr, *args))
             if r.shape != n.type.shape:
                 raise AssertionError(f"{n.op} %{n.id}: reference returned shape {r.shape}, "
                                      f"shape rule says {n.type}")

@@ -42,6 +42,15 @@ class Node:
 LEAF_OPS = ("input", "param")
 
 
+def _storage_init(fn, t, rng):
+    """A storage-typed param's first value: its init quantized where jitgraph writes the type
+    (quant.QUANTIZE), else zeros (a K-quant weight is loaded from its file)."""
+    from .quant import QUANTIZE, quantize
+    if t.dtype in QUANTIZE:
+        return quantize(np.asarray(fn(t.shape, rng), np.float32), t.dtype)
+    return np.zeros(t.storage_shape, t.np_dtype)
+
+
 class Graph:
     """A static graph: named inputs and params, computed nodes in topological order, named outputs.
 
@@ -70,6 +79,9 @@ class Graph:
     def input(self, name: str, shape, dtype="f32") -> "Tensor":
         self._check_new_name(name)
         t = TensorType(dtype_name(dtype), tuple(shape))
+        if t.is_storage:
+            raise ShapeError(f"input {name}: {t.dtype} is a storage type, for frozen params "
+                             f"(graph.param(..., trainable=False)); inputs are f32, f64 or i32")
         node = self._append("input", (), {"name": name}, t)
         self.inputs[name] = node.id
         return Tensor(self, node.id)
@@ -133,6 +145,13 @@ class Graph:
         args = [Arg(self.label(i), self.nodes[i].type) for i in ids]
         nid = len(self.nodes) if node_id is None else node_id
         try:
+            for pos, a in enumerate(args):
+                if a.type.is_storage and pos not in opdef.storage:
+                    where = (f"only as operand {', '.join(str(p + 1) for p in opdef.storage)}"
+                             if opdef.storage else "not at all")
+                    raise ShapeError(f"operand {pos + 1} ({a}) is of storage type {a.dtype}, "
+                                     f"which {op} reads {where}; a frozen weight in its file's "
+                                     f"type is read by matmul (second operand) and get_rows")
             t = opdef.infer(args, attrs)
         except ShapeError as e:
             msg = str(e)
@@ -181,6 +200,9 @@ class Graph:
         for name, nid in self.params.items():
             t = self.nodes[nid].type
             rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
+            if t.is_storage:
+                out[name] = _storage_init(self.inits[name], t, rng)
+                continue
             out[name] = np.asarray(self.inits[name](t.shape, rng), dtype=t.np_dtype, order="C")
         return out
 

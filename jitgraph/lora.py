@@ -146,8 +146,9 @@ def lora(graph: Graph, targets=("attn_q", "attn_v"), rank=8, alpha=None, seed: i
             p = g.param(name, t.shape, t.dtype, init=graph.inits[name], trainable=trainable)
             if name in dims:
                 i, o, r = dims[name]
-                a = g.param(name + SUFFIX_A, (r, i), t.dtype, init=a_init[name])
-                b = g.param(name + SUFFIX_B, (o, r), t.dtype, init=_init.zeros())
+                dt = "f32" if t.is_storage else t.dtype     # a base kept in its file's type
+                a = g.param(name + SUFFIX_A, (r, i), dt, init=a_init[name])
+                b = g.param(name + SUFFIX_B, (o, r), dt, init=_init.zeros())
                 s = float(r if alpha is None else alpha) / r
                 adapters[name] = (a.id, b.id, s)
             return p.id
@@ -187,15 +188,15 @@ def _check_rank(r, what):
 
 
 def _matmul_weights(graph) -> dict:
-    """{param name: [(matmul node id, operand index)]} for float params read as a 2-D operand of a
-    matmul (the adapter's shapes follow from the matmul's transpose flags)."""
+    """{param name: [(matmul node id, operand index)]} for float (or storage-typed) params read
+    as a 2-D operand of a matmul (the adapter's shapes follow from the matmul's transpose flags)."""
     out = {}
     for n in graph.nodes:
         if n.op != "matmul":
             continue
         for idx, src in enumerate(n.inputs):
             w = graph.nodes[src]
-            if w.op == "param" and w.type.ndim == 2 and w.type.is_float:
+            if w.op == "param" and w.type.ndim == 2 and (w.type.is_float or w.type.is_storage):
                 out.setdefault(w.attr["name"], []).append((n.id, idx))
     return out
 

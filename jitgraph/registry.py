@@ -203,6 +203,8 @@ class OpDef:
     bytes: Callable | None = None  # (ins, out, attrs) -> bytes read and written run alone
     inplace: int | None = None  # operand position whose buffer the result may take (the kernel
                                 # detects the aliasing and writes only what changes)
+    storage: tuple = ()        # operand positions that may be of a storage type (types.STORAGE:
+                               # a frozen weight in its file's type), read dequantized
     rows: RowFormula | None = None  # kind "rows": the formula every backend renders
 
     def check_attrs(self, attrs: dict) -> dict:
@@ -234,7 +236,7 @@ OPS: dict[str, OpDef] = {}
 
 def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", expr=None, doc="",
              index=None, fusion=(), pairs_with=None, cheap=True, flops=None, bytes=None,
-             inplace=None, rows=None):
+             inplace=None, storage=(), rows=None):
     if name in OPS:
         raise RuntimeError(f"op {name!r} registered twice")
     if kind not in KINDS or not set(fusion) <= set(FUSION_ROLES) or (kind == "elementwise") != \
@@ -249,7 +251,8 @@ def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", ex
         raise RuntimeError(f"op {name!r}: inplace={inplace!r} must be an operand position of a "
                            f"non-elementwise, non-view op")
     OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index,
-                      frozenset(fusion), pairs_with, cheap, flops, bytes, inplace, rows)
+                      frozenset(fusion), pairs_with, cheap, flops, bytes, inplace, tuple(storage),
+                      rows)
     return OPS[name]
 
 

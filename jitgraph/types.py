@@ -31,7 +31,7 @@ class ShapeError(ValueError):
 
 def dtype_name(dt) -> str:
     """Normalise 'f32' / np.float32 / np.dtype('float32') to the IR's dtype name."""
-    if isinstance(dt, str) and dt in DTYPES:
+    if isinstance(dt, str) and (dt in DTYPES or dt in STORAGE):
         return dt
     try:
         npdt = np.dtype(dt)

@@ -19,6 +19,7 @@ import numpy as np
 
 from jitgraph.ir import LEAF_OPS, base, copy_node, live_nodes, rebuild
 from jitgraph.registry import get_op
+from jitgraph.types import ShapeError
 
 from .report import Report
 
@@ -51,12 +52,11 @@ def simplify(graph):
 
 def _emit(g, op, inputs, attrs, seen, counts, uses) -> int:
     """Append op(inputs) after rewriting it, or return the id of an equal existing node."""
+    node = g.make_node(op, inputs, attrs)
     while True:
-        node = g.make_node(op, inputs, attrs)
         for name, rule in RULES:
             r = rule(node, [g.nodes[i] for i in node.inputs], uses)
             if r is not None:
-                counts[name] += 1
                 break
         else:
             break
@@ -64,8 +64,13 @@ def _emit(g, op, inputs, attrs, seen, counts, uses) -> int:
             if g.nodes[r].type != node.type:
                 raise AssertionError(f"simplify: rule {name} replaced {node.op} {node.type} "
                                      f"by %{r} {g.nodes[r].type}")
+            counts[name] += 1
             return r
-        op, inputs, attrs = r
+        try:
+            node = g.make_node(*r)
+        except ShapeError:      # ill-typed here (a storage-typed weight moved to the first
+            break               # operand of a matmul): the node stays as it is
+        counts[name] += 1
     if node.key in seen:
         counts["cse"] += 1
         return seen[node.key]

@@ -81,6 +81,14 @@ class ArrayMap(MutableMapping):
 
     def __setitem__(self, name, value):
         v = self._view(name)
+        if hasattr(value, "read_into"):
+            # a tensor of a file (formats/tensors.py): its bytes are read straight into place
+            t = value.type
+            if t.storage_shape != v.shape or t.np_dtype != v.dtype:
+                raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {t} from "
+                                 f"{value.path}")
+            value.read_into(v)
+            return
         a = np.asarray(value)
         if a.shape != v.shape or not np.can_cast(a.dtype, v.dtype, "same_kind"):
             raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {_typestr(a)}")

@@ -87,12 +87,12 @@ def test_full_and_lora_finetunes_write_files_that_load(model, runs):
     names = {f"blk.{i}.{t}.weight.lora_{x}" for i in range(cfg.layers)
              for t in ("attn_q", "attn_k", "attn_v", "attn_output") for x in "ab"}
     assert set(adapter) == names
+    # the checkpoint keeps the trainable params alone: the frozen base comes from BASE.gguf
+    # (its hash recorded), so a checkpoint costs the adapter's size, not the model's
     ckpt = llama_train.load_llama_checkpoint(ck)[2]
+    assert set(ckpt) == names
     for k in names:
         np.testing.assert_array_equal(adapter[k], ckpt[k], err_msg=k)
-        assert ckpt[k.rsplit(".", 1)[0]].shape == params[k.rsplit(".", 1)[0]].shape
-    for k in params:                                           # the base stayed frozen
-        np.testing.assert_array_equal(ckpt[k], params[k], err_msg=k)
     assert any(np.abs(adapter[k]).max() > 0 for k in names if k.endswith("lora_b"))
     trainable = sum(v.size for v in adapter.values())
     assert rl["trainable_params"] == trainable and rl["params"] == n + trainable

@@ -262,3 +262,11 @@ def in_worker(fn, *args):
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def add_ftype(p, what: str) -> None:
+    """--ftype: the type a written GGUF stores `what` in."""
+    from ..quant import WRITE_TYPES
+    p.add_argument("--ftype", choices=WRITE_TYPES, default="f32",
+                   help=f"storage of {what}: f32, f16, bf16 or q8_0 (rows that are not whole "
+                        f"q8_0 blocks are f16); default f32")

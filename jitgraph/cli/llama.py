@@ -16,7 +16,7 @@ def score_perplexity(args):
     from ..models.perplexity import perplexity, split_text
     check_model_file(args.model_file, "model")
     _check_stdout(args)
-    model = read_llama(args.model_file)
+    model = read_llama(args.model_file, keep_types=True)
     if args.text is None:
         raise ValueError("--text FILE is required: the text to score (e.g. "
                          "../shared/data/text/tinyshakespeare.txt)")
@@ -70,7 +70,7 @@ def generate_text(args):
     check_model_file(args.model_file, "model")
     _check_stdout(args)
     apply_threads(args)
-    cfg, params, tok = read_llama(args.model_file)
+    cfg, params, tok = read_llama(args.model_file, keep_types=True)
     if tok is None:
         raise ValueError(f"{args.model_file}: the model has no tokenizer in its metadata (SPM "
                          f"or BPE: tokenizer.ggml.model llama or gpt2)")

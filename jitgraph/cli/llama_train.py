@@ -45,7 +45,7 @@ import numpy as np
 from ..formats.llama_checkpoint import load_llama_checkpoint, save_llama_checkpoint
 from ..lora import SHORTHANDS
 from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compile_flags,
-                     add_threads_flag, adopt_resumed, apply_threads, check_model_file,
+                     add_ftype, add_threads_flag, adopt_resumed, apply_threads, check_model_file,
                      check_outputs, compile_progress, compile_target, float_in, int_at_least,
                      note_unsaved, say, warn)
 
@@ -217,6 +217,7 @@ def add_train_llama(p):
     p.add_argument("--out", metavar="MODEL.gguf",
                    help="write the trained model, with its tokenizer, as a llama.cpp GGUF; "
                         "default: not saved")
+    add_ftype(p, "the weight matrices of --out (norms stay f32)")
     p.set_defaults(fn=train_llama, parser=p)
 
 
@@ -246,6 +247,8 @@ def add_finetune(p):
     p.add_argument("--out", metavar="OUT.gguf", required=True,
                    help="the adapter (--lora-rank) or the model (--full), saved every "
                         "--save-every steps, at the end and on Ctrl-C")
+    add_ftype(p, "the adapter's tensors (--lora-rank: convert_lora_to_gguf.py's --outtype) or "
+                 "the model's weight matrices (--full)")
     p.set_defaults(fn=finetune, parser=p)
 
 
@@ -322,8 +325,12 @@ class LMTrainer:
         self.evaluator.run(tokens=x, pos=self.pos, labels=y)
 
     def restore(self, params, state, meta):
+        # the trainable params (a LoRA checkpoint holds those alone: the frozen base weights
+        # come from --base, checked by its hash)
+        trainable = set(self.program.source.trainable_params())
         for k, v in params.items():
-            self.program.params[k] = v
+            if k in trainable:
+                self.program.params[k] = v
         for k, v in state.items():
             self.program.state[k] = v
         self.program.calls, self.step = meta["calls"], meta["step"]
@@ -580,13 +587,18 @@ def _bytes(n):
     return f"{n} B"
 
 
+def _trainable(prog) -> dict:
+    """The program's trainable params, name -> array (what a checkpoint keeps)."""
+    return {k: prog.params[k] for k in prog.source.trainable_params()}
+
+
 def _memory(prog):
     """Trainable params, optimizer-state bytes, arena and persistent bytes of a program."""
     g = prog.source
-    trainable = set(g.trainable_params())
+    size = {k: g.nodes[i].type.size for k, i in g.params.items()}   # storage types too
     st = prog.stats()
-    return {"trainable_params": int(sum(np.asarray(prog.params[k]).size for k in trainable)),
-            "params": int(sum(np.asarray(v).size for v in prog.params.values())),
+    return {"trainable_params": int(sum(size[k] for k in g.trainable_params())),
+            "params": int(sum(size[k] for k in prog.params)),
             "optimizer_state_bytes": int(sum(np.asarray(v).nbytes for v in prog.state.values())),
             "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"])}
 
@@ -697,12 +709,14 @@ def _train_llama(args, world):
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
         if stopping and args.out:            # interrupted: the model so far
-            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama")
+            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama",
+                        ftype=args.ftype)
             Run.out = (args.out, f"the model after step {trainer.step}")
 
     timing = _fit(args, trainer, save, curve)
     if args.out and root:
-        write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama")
+        write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama",
+                    ftype=args.ftype)
         say(args, f"saved {args.out}")
     if args.json:
         print(json.dumps({**_summary(trainer, timing, curve, compile_s), **mem,
@@ -717,13 +731,14 @@ def _lora_modules():
     return lora, lora_file
 
 
-def _perplexity(args, cfg, params, tok, tail, label):
-    """Perplexity on the held-out bytes with llama.cpp's method (at most --ppl-chunks chunks)."""
+def _perplexity(args, cfg, params, tok, tail, label, lora=None):
+    """Perplexity on the held-out bytes with llama.cpp's method (at most --ppl-chunks chunks);
+    lora: (adapter params, alpha) applied unmerged."""
     from ..models.perplexity import perplexity
     ids = tok.encode(tail, bos=tok.add_bos)
     if args.ppl_chunks:
         ids = ids[:args.ppl_chunks * args.ctx]
-    res = perplexity((cfg, params, tok), ids, n_ctx=args.ctx, batch=8, kv_f16=False)
+    res = perplexity((cfg, params, tok), ids, n_ctx=args.ctx, batch=8, kv_f16=False, lora=lora)
     say(args, f"perplexity {label}: {res}")
     return res
 
@@ -746,7 +761,8 @@ def _finetune(args, world):
         _check_outputs(args, **{"the base model": args.base})    # the recorded text too
     if args.lora_alpha is not None and args.full:
         raise ValueError("--lora-alpha applies to --lora-rank, not --full")
-    cfg, base, tok = read_llama(args.base)
+    # LoRA: the frozen base stays in its file's type, read straight into the program
+    cfg, base, tok = read_llama(args.base, keep_types=not args.full)
     if tok is None:
         raise ValueError(f"{args.base}: the model has no tokenizer in its metadata (SPM or BPE: "
                          f"tokenizer.ggml.model llama or gpt2); finetune needs it to tokenize "
@@ -754,7 +770,7 @@ def _finetune(args, world):
     if args.ctx > cfg.ctx:
         raise ValueError(f"--ctx {args.ctx} exceeds the model's context length {cfg.ctx}")
     with open(args.base, "rb") as f:
-        base_sha = _sha256(f.read())
+        base_sha = hashlib.file_digest(f, "sha256").hexdigest()
     if resumed and resumed[4].get("base_sha256") not in (None, base_sha):
         raise ValueError(f"--resume {args.resume}: was made from another base model than "
                          f"{args.base}")
@@ -808,9 +824,10 @@ def _finetune(args, world):
 
     def write_out():
         if args.full:
-            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph finetune")
+            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph finetune",
+                        ftype=args.ftype)
         else:
-            lora_file.write_adapter(args.out, cfg, adapter(), alpha)
+            lora_file.write_adapter(args.out, cfg, adapter(), alpha, ftype=args.ftype)
 
     def save(stopping=False):
         if not root:
@@ -821,18 +838,16 @@ def _finetune(args, world):
         if args.checkpoint:
             meta = _meta(args, kind, FINETUNE_RESUMED, trainer, curve, data,
                          {"base_sha256": base_sha})
-            save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
-                                  meta)
+            save_llama_checkpoint(args.checkpoint, cfg, tok, _trainable(prog),
+                                  dict(prog.state), meta)
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
 
     timing = _fit(args, trainer, save, curve)
     say(args, f"saved {args.out}")
     ppl_after = None
-    if ppl:
-        params = dict(prog.params) if args.full else \
-            lora_file.merge({k: v for k, v in prog.params.items() if k in base}, adapter(),
-                            alpha)
-        ppl_after = _perplexity(args, cfg, params, tok, tail, "after")
+    if ppl:       # LoRA: the adapter applied unmerged, on the base in its file's type
+        ppl_after = _perplexity(args, cfg, dict(prog.params), tok, tail, "after") if args.full \
+            else _perplexity(args, cfg, base, tok, tail, "after", (adapter(), alpha))
         say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
                   f"({ppl_after.ppl / ppl_before.ppl:.3f}x)")
     if args.json:

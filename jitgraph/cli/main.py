@@ -13,8 +13,8 @@ import warnings
 from jitgraph.passes.pipeline import IR_STAGES as STAGES   # the IRs `dump --stage` can print
 
 from .common import (EXIT_ERROR, EXIT_INTERRUPT, EXIT_TERMINATED, HelpFormatter, Run, Terminated,
-                     add_compile_flags, add_target_flags, add_threads_flag, float_in, in_worker,
-                     int_at_least, raise_terminated)
+                     add_compile_flags, add_ftype, add_target_flags, add_threads_flag, float_in,
+                     in_worker, int_at_least, raise_terminated)
 from .llama import add_lora_options, export_lora, generate_text, score_perplexity
 from .mnist import add_data_options, dump, eval_mnist, train_mnist
 
@@ -168,8 +168,7 @@ def parser():
     x.add_argument("model_file", metavar="BASE.gguf", help="the base llama model")
     add_lora_options(x, required=True)
     x.add_argument("--out", required=True, metavar="MERGED.gguf", help="the merged model to write")
-    x.add_argument("--ftype", choices=("f32", "f16", "q8_0"), default="f32",
-                   help="storage of the merged 2-D weights")
+    add_ftype(x, "the merged weight matrices (norms stay f32)")
     x.add_argument("--quiet", action="store_true", help="no summary line")
     x.set_defaults(fn=export_lora, parser=x)
 

@@ -21,6 +21,7 @@ import gguf
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..types import ShapeError, TensorType
 from .paths import temp_path
 
 ARCH_KEY = "general.architecture"
@@ -346,6 +347,42 @@ def _tensor(f, path, order, name, ttype, dims, start, nbytes):
     if f.readinto(memoryview(a).cast("B")) != nbytes:
         raise ModelFormatError(f"{path}: the file shrank while tensor {name!r} was read")
     return a.reshape(tuple(reversed(dims))).astype(a.dtype.newbyteorder("="), copy=False)
+
+
+def add_tensor_as(writer, name, a, ftype: str) -> None:
+    """Add f32 array `a` to a GGUFWriter: a matrix in `ftype` (WRITE_TYPES; as ggml's reference
+    quantizers round: jitgraph/quant.py), F16 where its rows are not whole blocks of the type
+    (as llama.cpp's converters fall back), anything else F32."""
+    from ..quant import WRITE_TYPES, ggml_type, quantize
+    from ..types import STORAGE
+    if ftype not in WRITE_TYPES:
+        raise ValueError(f"cannot write tensors as {ftype!r}; expected one of "
+                         f"{', '.join(WRITE_TYPES)}")
+    dt = ftype if a.ndim == 2 else "f32"
+    if dt != "f32" and a.shape[1] % STORAGE[dt][1]:
+        dt = "f16"
+    if dt == "f32":
+        writer.add_tensor(name, np.ascontiguousarray(a, np.float32))
+    else:
+        writer.add_tensor(name, quantize(a, dt).view(np.uint8), raw_dtype=ggml_type(dt))
+
+
+def tensor_f32(f, path, order, name, ttype, dims, start, nbytes):
+    """A tensor's values as f32 (numpy order): a numeric type converted, a storage type
+    (types.STORAGE: BF16, Q8_0, ...) dequantized as ggml does."""
+    from ..quant import dequantize, storage_name
+    kind = storage_name(ttype)
+    if ttype in _NUMPY or kind is None:
+        return np.asarray(_tensor(f, path, order, name, ttype, dims, start, nbytes), np.float32)
+    t = TensorType(kind, tuple(reversed(dims)))
+    if t.nbytes != nbytes:
+        raise ModelFormatError(f"{path}: tensor {name!r} ({t}) holds {nbytes} bytes, not "
+                               f"{t.nbytes}")
+    raw = np.empty(nbytes, np.uint8)
+    f.seek(start)
+    if f.readinto(memoryview(raw)) != nbytes:
+        raise ModelFormatError(f"{path}: the file shrank while tensor {name!r} was read")
+    return dequantize(raw, t)
 
 
 def _read(path, want_arch=None):

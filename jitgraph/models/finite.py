@@ -26,11 +26,12 @@ def _holds(a) -> str | None:
 
 
 def cause(weights, adapter=None) -> str:
-    """The likely cause of non-finite logits. weights: (name, array) pairs of the model (one
-    pass; a program's params read one at a time); adapter: None or load_lora's (adapter params,
+    """The likely cause of non-finite logits. weights: (name, f32 array or FileTensor) pairs of
+    the model (one pass; a program's params read one at a time); adapter: None or load_lora's (adapter params,
     alpha, scale)."""
     big, top = None, 0.0
     for name, a in weights:
+        a = a.f32() if hasattr(a, "f32") else a      # a tensor of a file, in its type
         bad = _holds(a)
         if bad:
             return f"the model's weight {name} holds {bad}"

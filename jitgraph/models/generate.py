@@ -46,9 +46,10 @@ import numpy as np
 
 from .. import init, ops
 from ..ir import Graph
+from ..quant import dequantize
 from ..types import ShapeError
 from .finite import fail, finite_row
-from .llama import LlamaConfig, _rope, _w, ffn, projections, rope_freqs
+from .llama import LlamaConfig, _rope, _w, ffn, projections, rope_freqs, weight_types
 
 __all__ = ["llama_decoder", "Generator", "Sampler", "GenerationResult", "ContextFull",
            "check_context", "cache_names", "stream_text"]
@@ -85,14 +86,15 @@ def llama_decoder(cfg: LlamaConfig, seq: int, ctx: int, kv_f16: bool = True,
     rows = ctx + 1
     tokens = g.input("tokens", (1, seq), "i32")
     pos = g.input("pos", (seq,), "i32")
-    embd = _w(g, "token_embd.weight", (cfg.vocab, d), dtype)
+    weights = weight_types(cfg, dtype)
+    embd = _w(g, "token_embd.weight", (cfg.vocab, d), weights)
     x_h = ops.get_rows(embd, ops.reshape(tokens, (seq,)))            # [S, D]
     freqs = rope_freqs(g, cfg, dtype)
     updates = {}
     for i in range(cfg.layers):
         p = f"blk.{i}."
         x = ops.rms_norm(x_h, _w(g, p + "attn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
-        proj = projections(g, cfg, p, x, dtype)
+        proj = projections(g, cfg, p, x, weights)
 
         def roped(role, heads):                        # rope(x W^T) [S, heads, hd]
             t = ops.reshape(proj(role), (1, seq, heads, hd))
@@ -109,13 +111,13 @@ def llama_decoder(cfg: LlamaConfig, seq: int, ctx: int, kv_f16: bool = True,
         att = ops.kv_attention(roped("q", h), kc, vc, pos,
                                scale=1.0 / math.sqrt(hd), f16=kv_f16)      # [S, H, hd]
         x_h = x_h + ops.matmul(ops.reshape(att, (seq, d)),
-                               _w(g, p + "attn_output.weight", (d, d), dtype), tb=True)
+                               _w(g, p + "attn_output.weight", (d, d), weights), tb=True)
         x = ops.rms_norm(x_h, _w(g, p + "ffn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
-        x_h = x_h + ffn(g, cfg, p, x, dtype)
+        x_h = x_h + ffn(g, cfg, p, x, weights)
     if last:
         x_h = ops.get_rows(x_h, g.input("last", (1,), "i32"))         # [1, D]
     x_h = ops.rms_norm(x_h, _w(g, "output_norm.weight", (d,), dtype), eps=cfg.rms_eps)
-    out_w = embd if cfg.tied else _w(g, "output.weight", (cfg.vocab, d), dtype)
+    out_w = embd if cfg.tied else _w(g, "output.weight", (cfg.vocab, d), weights)
     g.output(logits=ops.matmul(x_h, out_w, tb=True))
     g.update(**updates)
     return g
@@ -363,8 +365,12 @@ class Generator:
     def _nonfinite(self, what):
         """Raise NonFiniteError naming the cause (finite.cause), reading the weights back from
         the program one at a time."""
-        params = self.decode.params
-        fail(what, ((k, params[k]) for k in self._weights), self._adapter)
+        params, src = self.decode.params, self.decode.source
+
+        def f32(k):
+            t = src.nodes[src.params[k]].type
+            return dequantize(params[k], t) if t.is_storage else params[k]
+        fail(what, ((k, f32(k)) for k in self._weights), self._adapter)
 
 
 def stream_text(tokenizer, write):

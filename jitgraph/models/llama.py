@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .. import init, ops
+from ..formats.tensors import FileTensor
 from ..ir import Graph
 from ..ops.f16 import round_f16
-from ..types import ShapeError
+from ..quant import storage_name
+from ..types import STORAGE, ShapeError, TensorType
 from .arch import get_arch
 
 ARCH = "llama"
@@ -62,6 +64,8 @@ class LlamaConfig:
     tied: bool = False                  # output projection = token_embd (no output.weight)
     arch: str = ARCH                    # jitgraph/models/arch.py: "llama", "qwen2", "phi3"
     rope_freqs: bool = False            # rope_freqs.weight divides the rope frequencies
+    types: tuple = ()                   # (tensor name, storage type): weights the graphs keep in
+                                        # their file's type (read_llama keep_types), sorted
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)   # noqa: E731 (frozen dataclass)
@@ -77,6 +81,11 @@ class LlamaConfig:
         set_("rms_eps", float(np.float32(self.rms_eps)))
         set_("tied", bool(self.tied))
         set_("rope_freqs", bool(self.rope_freqs))
+        set_("types", tuple(sorted((str(k), str(v)) for k, v in dict(self.types).items())))
+        bad_types = [f"{k}: {v}" for k, v in self.types if v not in STORAGE]
+        if bad_types:
+            raise ShapeError(f"LlamaConfig: types {bad_types} are not storage types "
+                             f"({', '.join(STORAGE)})")
         description = get_arch(self.arch)
         if self.rope_freqs and "rope_freqs.weight" not in description.optional:
             raise ShapeError(f"LlamaConfig: architecture {self.arch!r} has no rope_freqs")
@@ -188,11 +197,33 @@ class LlamaConfig:
 
 
 # ---- the forward graph -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WeightTypes:
+    """The dtype of each weight a graph builder makes: `default`, but the storage type
+    cfg.types names for a weight kept in its file's type (a frozen param)."""
+    default: str
+    stored: tuple = ()
+
+    def of(self, name: str) -> str:
+        return dict(self.stored).get(name, self.default)
+
+
+def weight_types(cfg, dtype) -> WeightTypes:
+    return dtype if isinstance(dtype, WeightTypes) else WeightTypes(dtype, cfg.types)
+
+
 def _w(g, name, shape, dtype):
     is_norm = name.endswith("norm.weight")
     init_ = init.ones() if is_norm else init.zeros() if name.endswith(".bias") else \
         init.normal(0.0, 0.02)
-    return g.param(name, shape, dtype, init=init_)
+    dt = dtype.of(name) if isinstance(dtype, WeightTypes) else dtype
+    if dt in STORAGE:           # kept in its file's type: frozen, read dequantized
+        return g.param(name, shape, dt, init=init_, trainable=False)
+    return g.param(name, shape, dt, init=init_)
+
+
+def _default(dtype) -> str:
+    return dtype.default if isinstance(dtype, WeightTypes) else dtype
 
 
 def _rope(cfg, t, pos, freqs=None):
@@ -234,7 +265,11 @@ def projections(g, cfg, p, x, dtype):
             t = ops.permute(t, (1, 0)) if rows_last else t
         else:
             w = _w(g, p + f"attn_{role}.weight", (hi - lo, d), dtype)
-            t = ops.matmul(w, x, tb=True) if rows_last else ops.matmul(x, w, tb=True)
+            if rows_last and not w.type.is_storage:
+                t = ops.matmul(w, x, tb=True)
+            else:       # a storage-typed weight is read as matmul's second operand only
+                t = ops.matmul(x, w, tb=True)
+                t = ops.permute(t, (1, 0)) if rows_last else t
         if desc.has(f"attn_{role}.bias"):
             b = _w(g, p + f"attn_{role}.bias", (hi - lo,), dtype)
             t = t + (ops.reshape(b, (hi - lo, 1)) if rows_last else b)
@@ -292,9 +327,10 @@ def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
     rows, d = batch * seq, cfg.dim
     tokens = g.input("tokens", (batch, seq), "i32")
     pos = g.input("pos", (seq,), "i32")
+    freqs_dtype, dtype = _default(dtype), weight_types(cfg, dtype)
     embd = _w(g, "token_embd.weight", (cfg.vocab, d), dtype)
     h = ops.get_rows(embd, ops.reshape(tokens, (rows,)))             # [B*S, D]
-    freqs = rope_freqs(g, cfg, dtype)
+    freqs = rope_freqs(g, cfg, freqs_dtype)
     for i in range(cfg.layers):
         p = f"blk.{i}."
         x = ops.rms_norm(h, _w(g, p + "attn_norm.weight", (d,), dtype), eps=cfg.rms_eps)
@@ -376,13 +412,19 @@ def _not_a_model(md: dict) -> None:
                          "with --resume (finetune's --out, or train llama's --out, is the model)")
 
 
-def read_llama(path):
+def read_llama(path, keep_types: bool = False):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
     llama.cpp GGUF model of an architecture of jitgraph/models/arch.py (the tokenizer: SPM for
     tokenizer.ggml.model = llama, BPE for gpt2; None without one). The header is bounds-checked
     first, then the metadata's types and the
     vocabulary against token_embd (models/llama_checks.py), before any tensor data is read (a
-    malformed file raises jitgraph.ModelFormatError naming it)."""
+    malformed file raises jitgraph.ModelFormatError naming it).
+
+    keep_types=True (frozen weights: generation, perplexity, a LoRA finetune's base): nothing
+    is read; each weight matrix of type F32 or a storage type (types.STORAGE: F16, BF16, Q8_0,
+    Q4_0, Q4_K, Q5_K, Q6_K) is a formats.tensors.FileTensor, which a compiled program reads
+    straight into its memory, and cfg.types names the storage-typed ones (the graph builders
+    give those params that type); other tensors (norms, biases, other types) are read as f32."""
     import gguf
 
     from ..formats.gguf import _header
@@ -409,22 +451,33 @@ def read_llama(path):
         if extra:       # e.g. phi3's long-context rope factors, qwen2's output.bias, experts
             raise ValueError(f"tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} are not "
                              f"supported by jitgraph's {cfg.arch} graph")
-        params = {}
+        params, types = {}, {}
         for t in r.tensors:
             if t.name not in want:
                 continue
-            a = _dequantize(t)
-            if a.shape != want[t.name]:
-                raise ValueError(f"tensor {t.name} has shape {a.shape} (numpy order), the config "
+            shape = tuple(int(n) for n in reversed(list(t.shape)))
+            if shape != want[t.name]:
+                raise ValueError(f"tensor {t.name} has shape {shape} (numpy order), the config "
                                  f"says {want[t.name]}")
-            params[t.name] = a
+            kept = "f32" if t.tensor_type == gguf.GGMLQuantizationType.F32 else \
+                storage_name(t.tensor_type)
+            if keep_types and kept and len(shape) == 2:
+                params[t.name] = FileTensor(path, t.name, int(t.data_offset),
+                                            TensorType(kept, shape))
+                if kept != "f32":
+                    types[t.name] = kept
+            else:
+                params[t.name] = _dequantize(t)
+        if types:
+            cfg = replace(cfg, types=tuple(sorted(types.items())))
         tok = Tokenizer.from_metadata(md) if md.get("tokenizer.ggml.model") in TOKENIZERS else None
     except (ValueError, TypeError, ShapeError) as e:
         raise ModelFormatError(f"{path}: {e}") from None
     return cfg, params, tok
 
 
-_FTYPES = {"f32": 0, "f16": 1, "q8_0": 7}     # llama_ftype (general.file_type)
+# llama_ftype (general.file_type) of the types write_llama stores the weight matrices in
+_FTYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
 
 
 def tokenizer_fields(path) -> dict:
@@ -445,8 +498,9 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
                 name: str | None = None, vocabulary: dict | None = None) -> None:
     """A llama.cpp-loadable GGUF: general.*, <architecture>.* (cfg), tokenizer.* (from
     `tokenizer`, else the fields `vocabulary` of tokenizer_fields, if given) and the
-    weights under their GGUF names. ftype "f16" / "q8_0" stores the 2-D weights so (Q8_0 needs
-    rows a multiple of 32 long; other 2-D weights fall back to F16), the norms stay F32.
+    weights under their GGUF names. ftype "f16" / "bf16" / "q8_0" stores the 2-D weights so
+    (Q8_0 needs rows a multiple of 32 long; other 2-D weights fall back to F16), the norms stay
+    F32; a FileTensor param (read_llama keep_types) is converted from its file's type.
     Written atomically: a temporary file in the same directory, fsync, os.replace."""
     import gguf
     if ftype not in _FTYPES:
@@ -461,7 +515,7 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
     if tokenizer is not None and len(tokenizer) != cfg.vocab:
         raise ValueError(f"write_llama: tokenizer has {len(tokenizer)} tokens, config vocab "
                          f"{cfg.vocab}")
-    from ..formats.gguf import gguf_writer
+    from ..formats.gguf import add_tensor_as, gguf_writer
     with gguf_writer(path, cfg.arch) as w:
         w.add_name(name or cfg.arch)
         w.add_file_type(_FTYPES[ftype])
@@ -473,11 +527,6 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
             for k, (value, vtype, sub) in (vocabulary or {}).items():
                 w.add_key_value(k, value, vtype, sub)
         for k in want:
-            a = np.ascontiguousarray(params[k], np.float32)
-            if a.ndim == 2 and ftype == "q8_0" and a.shape[1] % 32 == 0:
-                q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
-                w.add_tensor(k, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            elif a.ndim == 2 and ftype != "f32":
-                w.add_tensor(k, a.astype(np.float16))
-            else:
-                w.add_tensor(k, a)
+            a = params[k]
+            a = a.f32() if isinstance(a, FileTensor) else np.ascontiguousarray(a, np.float32)
+            add_tensor_as(w, k, a, ftype)

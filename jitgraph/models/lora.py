@@ -21,6 +21,9 @@ import os
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..formats.gguf import add_tensor_as
+from ..quant import ggml_type
+from ..types import STORAGE
 from .llama import LlamaConfig
 
 __all__ = ["write_adapter", "read_adapter", "merge", "apply_adapter", "adapter_scale",
@@ -87,10 +90,12 @@ def check_shapes(cfg: LlamaConfig, shapes: dict, where: str = "adapter") -> None
 
 
 def write_adapter(path, cfg: LlamaConfig, adapter_params: dict, alpha: float,
-                  name: str | None = None) -> None:
+                  name: str | None = None, ftype: str = "f32") -> None:
     """Write a llama.cpp LoRA adapter GGUF (see the module docstring) for a base model of config
     `cfg`: adapter_params {`<W>.lora_a`: A [rank, in], `<W>.lora_b`: B [out, rank]} (numpy order,
-    as jg.lora's params), stored as F32. Written atomically (gguf_writer)."""
+    as jg.lora's params), stored as `ftype` (f32, f16, bf16 or q8_0: llama.cpp's
+    convert_lora_to_gguf.py --outtype; a tensor whose rows are not whole q8_0 blocks is F16,
+    as there). Written atomically (gguf_writer)."""
     from ..formats.gguf import gguf_writer
     import gguf
     alpha = float(alpha)
@@ -104,8 +109,8 @@ def write_adapter(path, cfg: LlamaConfig, adapter_params: dict, alpha: float,
         w.add_name(name or "jitgraph LoRA adapter")
         for base in sorted(pairs, key=_tensor_order(cfg)):
             a, b = pairs[base]
-            w.add_tensor(base + SUFFIX_A, np.ascontiguousarray(a, np.float32))
-            w.add_tensor(base + SUFFIX_B, np.ascontiguousarray(b, np.float32))
+            for k, x in ((base + SUFFIX_A, a), (base + SUFFIX_B, b)):
+                add_tensor_as(w, k, np.ascontiguousarray(x, np.float32), ftype)
 
 
 def _tensor_order(cfg):
@@ -121,7 +126,7 @@ def read_adapter(path, cfg: LlamaConfig) -> tuple:
     corrupt, not a LoRA adapter, another architecture, a tensor the base model does not have or
     of the wrong shape. alpha is 0.0 when the file has none (llama.cpp then scales B A by the
     adapter scale alone)."""
-    from ..formats.gguf import _STRING, _header, _tensor
+    from ..formats.gguf import _STRING, _header, tensor_f32
     path = os.fspath(path)
     with open(path, "rb") as f:
         try:
@@ -156,7 +161,7 @@ def read_adapter(path, cfg: LlamaConfig) -> tuple:
             alpha = float(v)
         import gguf
         floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
-                  gguf.GGMLQuantizationType.F64)
+                  gguf.GGMLQuantizationType.F64, *(ggml_type(k) for k in STORAGE))
         infos = [i for i in infos if not i[0].endswith("_norm.weight")]   # llama.cpp skips them
         try:         # names and shapes first, before any tensor data is read
             check_shapes(cfg, {i[0]: tuple(reversed(i[2])) for i in infos}, path)
@@ -165,9 +170,10 @@ def read_adapter(path, cfg: LlamaConfig) -> tuple:
         params = {}
         for info in infos:
             if info[1] not in floats:
+                names = ", ".join(t.name for t in dict.fromkeys(floats))
                 raise ModelFormatError(f"{path}: tensor {info[0]!r} is {info[1].name}; adapters "
-                                       f"are read as F32, F16 or F64")
-            params[info[0]] = np.asarray(_tensor(f, path, order, *info), np.float32)
+                                       f"are read in {names}")
+            params[info[0]] = tensor_f32(f, path, order, *info)
     return params, alpha
 
 

@@ -133,7 +133,7 @@ def _load(model):
     """(cfg, params, tokenizer or None) from a path or read_llama's tuple."""
     from .llama import read_llama
     if isinstance(model, (str, bytes, os.PathLike)):
-        return read_llama(model)
+        return read_llama(model, keep_types=True)
     if isinstance(model, (tuple, list)) and len(model) in (2, 3):
         return (tuple(model) + (None,))[:3]
     raise TypeError("perplexity: model must be a GGUF path or (config, params[, tokenizer]) as "

@@ -12,7 +12,8 @@ def apply(op: str, *operands, **attrs):
     from ..ir import Tensor, _graph_of
     g = _graph_of(*operands)
     like = next(x for x in operands if isinstance(x, Tensor))
-    ts = [x if isinstance(x, Tensor) else const(g, x, like.dtype) for x in operands]
+    dt = "f32" if like.type.is_storage else like.dtype     # the op then refuses the storage type
+    ts = [x if isinstance(x, Tensor) else const(g, x, dt) for x in operands]
     return g.add(op, ts, attrs)
 
 

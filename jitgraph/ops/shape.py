@@ -175,7 +175,10 @@ def _get_rows_infer(args, a):
         raise ShapeError(f"table must be at least 1-D, got {w}")
     if idx.dtype != "i32":
         raise ShapeError(f"indices must be i32, got {idx}")
-    return TensorType(w.dtype, idx.shape + w.shape[1:])
+    if w.type.is_storage and w.ndim != 2:
+        raise ShapeError(f"a {w.dtype} table must be 2-D, got {w}")
+    # a table in a storage type gives f32 rows (dequantized)
+    return TensorType("f32" if w.type.is_storage else w.dtype, idx.shape + w.shape[1:])
 
 
 def _check_rows(op, idx, n_rows):
@@ -185,11 +188,11 @@ def _check_rows(op, idx, n_rows):
 
 def _get_rows_ref(a, w, idx):
     _check_rows("get_rows", idx, w.shape[0])
-    return w[idx]
+    return w[idx]      # the interpreter hands a storage-typed table in dequantized (f32)
 
 
 register("get_rows", arity=2, kind="opaque", infer=_get_rows_infer, ref=_get_rows_ref,
-         index=lambda args, a: [(1, args[0].shape[0])],
+         index=lambda args, a: [(1, args[0].shape[0])], storage=(0,),
          doc="get_rows(table[V, ...], idx i32[...]) -> [..., ...]: rows of table by index")
 
 
@@ -223,7 +226,12 @@ register("get_rows_back", arity=2, kind="opaque", infer=_get_rows_back_infer,
 # ---- matmul ------------------------------------------------------------------------------------
 def _matmul_infer(args, a):
     x, w = args
-    same_dtype(args, "matmul")
+    if w.type.is_storage:       # a frozen weight in its file's type, read dequantized to f32
+        if x.dtype != "f32" or w.ndim != 2 or a["ta"]:
+            raise ShapeError(f"a {w.dtype} weight is read as the 2-D second operand of an f32 "
+                             f"matmul without ta: got {x}{'^T' if a['ta'] else ''} @ {w}")
+    else:
+        same_dtype(args, "matmul")
     if not x.type.is_float:
         raise ShapeError(f"operands must be f32 or f64: {x} @ {w}")
     if x.ndim < 2 or w.ndim < 2:
@@ -257,7 +265,7 @@ def _mm_flops(ins, out, a):
 
 
 register("matmul", arity=2, kind="contraction", fusion=("prologue", "epilogue"), cheap=False,
-         flops=_mm_flops, infer=_matmul_infer, ref=_mm_ref,
+         flops=_mm_flops, infer=_matmul_infer, ref=_mm_ref, storage=(1,),
          attrs={"ta": ("bool", False), "tb": ("bool", False)},
          doc="numpy matmul semantics for 2-D and batched operands; ta/tb transpose the last two "
              "axes of x / w first (BLAS transpose flags, set by the simplify pass)")
@@ -346,6 +354,8 @@ def _matmul_vjp(g, out, xs, a):
     ta, tb = a["ta"], a["tb"]
     # d/dX of op(X) @ op(W): dop(X) = g @ op(W)^T; dX = dop(X) or its transpose
     gx = apply("matmul", w, g, ta=tb, tb=True) if ta else apply("matmul", g, w, ta=False, tb=not tb)
+    if w.type.is_storage:       # a frozen weight in its file's type: no gradient
+        return [unbroadcast(gx, x.shape), None]
     gw = apply("matmul", g, x, ta=True, tb=ta) if tb else apply("matmul", x, g, ta=not ta, tb=False)
     return [unbroadcast(gx, x.shape), unbroadcast(gw, w.shape)]
 

@@ -76,7 +76,8 @@ class CPU:
         return buf[off:off + nbytes]
 
     def view(self, region, slot, t):
-        return region[slot.offset:slot.offset + slot.nbytes].view(t.np_dtype).reshape(t.shape)
+        return region[slot.offset:slot.offset + slot.nbytes].view(t.np_dtype).reshape(
+            t.storage_shape)
 
 
 def _gib(n) -> str:

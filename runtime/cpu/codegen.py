@@ -86,6 +86,9 @@ def entry_module(graph, call, name_of):
             shape, dt = a.shape or (a.size,), a.dtype
         else:
             shape, dt = a[1], graph.nodes[a[0]].type.dtype
+            t = graph.nodes[a[0]].type
+            if t.is_storage:            # a weight in its file's type: its rows' bytes
+                shape, dt = (t.size // t.shape[-1], t.row_bytes), "u8"
         cargs.append(f"carray(ptr({params[-1]}), {literal(tuple(shape))}, "
                      f"{NP_DTYPE[dt]})")
     text = ENTRY_HEADER + "".join(ln + "\n" for ln in call.imports)

@@ -17,8 +17,8 @@ from .. import kernelgen
 from ..kernelgen import (NP_DTYPE, collapse, feeding, literal, matmul_operands, reduce_pattern,
                          typed_literal)
 from . import spelling
-from .lower import FMAX_IMPORTS, PARALLEL_MIN_WORK, Call, Workspace, aligned, reduction, \
-    transposed_weight
+from .lower import FMAX_IMPORTS, PARALLEL_MIN_WORK, Call, Workspace, aligned, gemm_text, \
+    reduction, stored_weight, transposed_weight
 
 
 def scalar_expr(n, args) -> str:
@@ -239,19 +239,26 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     xa, wa = operand(xv[0], xv[1]), operand(w.id, w.type.shape)
     ca = b.arg(view((rows, ncols)), "c")
     dt = n.type.dtype
-    wt = transposed_weight(n, w.type.shape, rows, ncols, at if carrier is not None else
-                           at + aligned(rows * ncols * n.type.np_dtype.itemsize))
+    wt = None if w.type.is_storage else \
+        transposed_weight(n, w.type.shape, rows, ncols, at if carrier is not None else
+                          at + aligned(rows * ncols * n.type.np_dtype.itemsize))
+    # a weight in a storage type: its dequantized tiles after the carrier's bytes, shared by
+    # the kernel's GEMMs (they run one after another)
+    qat = at if carrier is not None else at + aligned(rows * ncols * n.type.np_dtype.itemsize)
+    qwork = [stored_weight(g, g.nodes[m], rows, ncols, qat)
+             for m in (n.id, *(m for m, _ in kernel.accumulate))]
+    qwork = max((q for q in qwork if q is not None), key=lambda q: q.size, default=None)
+    qname = b.arg(qwork, "w") if qwork is not None else None
     if wt is not None:                               # w's transpose after the carrier's bytes
         b.lines += [f"gemm_bt_{dt}(1.0, {xa}, {wa}, 0.0, {ca}, {b.arg(wt, 'w')})"]
     else:
-        b.lines += [f"gemm_{dt}({literal(n.attr['ta'])}, {literal(n.attr['tb'])}, 1.0, {xa}, "
-                    f"{wa}, 0.0, {ca})"]
+        b.lines += [gemm_text(g, n, xa, wa, "0.0", ca, qname)]
     for m, _ in kernel.accumulate:
         mn = g.nodes[m]
         w2, xv2, dims = matmul_operands(g, mn)
         assert dims == (rows, ncols), (kernel, m, dims)
-        b.lines += [f"gemm_{dt}({literal(mn.attr['ta'])}, {literal(mn.attr['tb'])}, 1.0, "
-                    f"{operand(xv2[0], xv2[1])}, {operand(w2.id, w2.type.shape)}, 1.0, {ca})"]
+        b.lines += [gemm_text(g, mn, operand(xv2[0], xv2[1]), operand(w2.id, w2.type.shape),
+                              "1.0", ca, qname)]
     cflat = ca if shape == (rows, ncols) else b.arg(view(shape), "c")
     if not epi and prod in outs:       # nothing after the GEMMs, and the product in scratch
         size = rows * ncols
@@ -261,7 +268,8 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
         outs = tuple(m for m in outs if m != prod)
     call = elementwise(g, type(kernel)(kernel.id, epi, "elementwise", outs), inlined, b,
                        {prod: cflat}, spill=spill)
-    call.imports = (f"from jitgraph.runtime.cpu.blas import gemm_{dt}, gemm_bt_{dt}",)
+    call.imports = (f"from jitgraph.runtime.cpu.blas import gemm_{dt}, gemm_bt_{dt}",) + \
+        (("from jitgraph.runtime.cpu import library as lib",) if qwork is not None else ())
     return call
 
 

@@ -33,6 +33,10 @@ names its op, layout and parameters:
   lib_conv   conv2d(x, w, out, work, sh, sw, ph, pw, dh, dw)
              conv2d_back_input(w, g, out, work, ...)   conv2d_back_weight(x, g, out, work, ...)
              -- work: 1-D, workspace_size_conv2d(x_shape, w_shape, y_shape) elements, out's dtype
+  lib_quant  qgemm(ta, tb, alpha, x, w, beta, out, kind, work)  -- w: a weight in a storage
+             type (jitgraph/types.py STORAGE) as uint8[rows, row bytes], kind its ggml type
+             number; work: qgemm_workspace(kind, m, n, k, threads) elements
+             get_rows_q(w, kind, idx, out)    -- rows of such a table, dequantized
   lib_pool   max_pool2d(x, out, kh, kw, sh, sw, ph, pw)   max_pool2d_back(x, g, out, ...)
              avg_pool2d(x, out, ...)                       avg_pool2d_back(g, out, ...)
 """
@@ -48,6 +52,7 @@ from .lib_kv import kv_attention, set_rows, workspace_size_kv_attention  # noqa:
 from .lib_norm import (causal_mask, layer_norm, layer_norm_back, rms_norm,  # noqa: F401
                        rms_norm_back, rope, rope_back, rope_back_freqs_work, rope_back_work,
                        rope_freqs_work, rope_work, workspace_size_rope)
+from .lib_quant import get_rows_q, qgemm  # noqa: F401
 from .lib_pool import avg_pool2d, avg_pool2d_back, max_pool2d, max_pool2d_back  # noqa: F401
 from .lib_rows import (argmax_last, count_equal, cross_entropy, cross_entropy_back,  # noqa: F401
                        log_softmax, logsumexp_last, max_last, softmax, softmax_back)

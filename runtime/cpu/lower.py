@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jitgraph.plan import ALIGN
+from jitgraph.types import STORAGE
 
 from ..kernelgen import (NP_DTYPE, batch_index, literal, matmul_operands, prod as _prod,
                          reduce_pattern)
@@ -208,6 +209,18 @@ def count_equal(graph, n):
                  _kernel(["x", "y", "out"], lines))]
 
 
+def get_rows(graph, n):
+    """lib.get_rows, or lib.get_rows_q dequantizing the chosen rows of a table in a storage
+    type (types.STORAGE)."""
+    w, idx = (graph.nodes[i] for i in n.inputs)
+    args = [(w.id, w.type.shape), (idx.id, idx.type.shape), (n.id, n.type.shape)]
+    if not w.type.is_storage:
+        return [Call("lib.get_rows", args)]
+    flat = (idx.type.size,)
+    return [Call("lib.get_rows_q", [args[0], literal(storage_kind(w.type)), (idx.id, flat),
+                                    (n.id, flat + w.type.shape[1:])])]
+
+
 def concat(graph, n):
     """One library call per operand, each writing its slab of the output (lib.embed)."""
     ax, off, calls = n.attr["axis"], 0, []
@@ -250,10 +263,45 @@ def transposed_weight(n, ws, rows, ncols, at=0):
     return Workspace(copies * k * ncols, n.type.dtype, (copies, k, ncols), at)
 
 
-def gemm_call(n, xv, wv, out) -> Call:
+def stored_weight(graph, n, rows, ncols, at=0):
+    """The scratch buffer lib.qgemm needs (tiles of w dequantized, one per pool thread) when
+    matmul node n, writing c[rows, ncols], reads w in a storage type (types.STORAGE); else
+    None."""
+    w = graph.nodes[n.inputs[1]]
+    if not w.type.is_storage:
+        return None
+    from .blas import bt_copies
+    from .lib_quant import qgemm_workspace
+    k = w.type.shape[1] if n.attr["tb"] else w.type.shape[0]
+    size = int(qgemm_workspace(storage_kind(w.type), rows, ncols, k, bt_copies()))
+    return Workspace(max(size, 1), "f32", (), at)
+
+
+def storage_kind(t) -> int:
+    """The ggml type number the quantized kernels (lib_quant.py) take as `kind`."""
+    return STORAGE[t.dtype][0]
+
+
+def gemm_text(graph, n, x, w, beta, c, work=None) -> str:
+    """The GEMM line c = op(x) op(w) + beta c of matmul node n over the argument names given:
+    lib.qgemm when w is in a storage type (work: its scratch's name), else gemm_<dtype>."""
+    ta, tb = literal(n.attr["ta"]), literal(n.attr["tb"])
+    if graph.nodes[n.inputs[1]].type.is_storage:
+        kind = storage_kind(graph.nodes[n.inputs[1]].type)
+        return f"lib.qgemm({ta}, {tb}, 1.0, {x}, {w}, {beta}, {c}, {kind}, {work})"
+    return f"gemm_{n.type.dtype}({ta}, {tb}, 1.0, {x}, {w}, {beta}, {c})"
+
+
+def gemm_call(n, xv, wv, out, graph=None) -> Call:
     """The direct GEMM call writing out = op(x) op(w) for matmul node n: gemm_<dtype>, or
-    gemm_bt_<dtype> with w's transpose in scratch space when that pays."""
+    gemm_bt_<dtype> with w's transpose in scratch space when that pays, or lib.qgemm when w is
+    in a storage type (graph: n's graph, to know)."""
     dt = n.type.dtype
+    work = stored_weight(graph, n, *out[1]) if graph is not None else None
+    if work is not None:
+        return Call("lib.qgemm", [literal(n.attr["ta"]), literal(n.attr["tb"]), "1.0", xv, wv,
+                                  "0.0", out, literal(storage_kind(graph.nodes[wv[0]].type)),
+                                  work])
     wt = transposed_weight(n, wv[1], *out[1])
     if wt is not None:
         return Call(f"gemm_bt_{dt}", ["1.0", xv, wv, "0.0", out, wt])
@@ -270,7 +318,7 @@ def matmul(graph, n):
     xs, ws, os_ = x.type.shape, w.type.shape, n.type.shape
     if len(ws) == 2 and (len(xs) == 2 or not ta):
         w, xv, out = matmul_operands(graph, n)
-        return [gemm_call(n, xv, (w.id, ws), (n.id, out))]
+        return [gemm_call(n, xv, (w.id, ws), (n.id, out), graph)]
     ob = os_[:-2]
     nb = _prod(ob)
     lines = [f"for b in range({nb}):"]

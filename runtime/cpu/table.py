@@ -64,7 +64,7 @@ TABLE = {
     "slice_back": Library("slice_back", _slices),
     "pad": Library("pad", lambda n: [tuple(b for b, _ in n.attr["pads"]), n.attr["value"]]),
     "concat": Own(lower.concat, library="embed"),
-    "get_rows": Library("get_rows"),
+    "get_rows": Own(lower.get_rows),
     "get_rows_back": Library("get_rows_back"),
     # a third operand (frequency factors) picks the *_freqs_work kernel
     "rope": Library(lambda n: "rope_freqs_work" if len(n.inputs) == 3 else "rope_work", _rope,

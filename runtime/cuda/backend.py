@@ -49,6 +49,12 @@ class CUDA:
     # ---- generate / build -----------------------------------------------------------------
     def generate(self, kernels, plan):
         from .generate import generate, listing
+        stored = [n for n in kernels.graph.nodes if n.type.is_storage]
+        if stored:
+            raise NotImplementedError(
+                f"the cuda backend does not read storage types yet: %{stored[0].id} "
+                f"({stored[0].attr.get('name', stored[0].op)}) is {stored[0].type}; "
+                f"use target='cpu' or an f32 weight")
         gen = generate(kernels, plan, self.tpb, self.tile, self.max_blocks)
         return gen, listing(gen, kernels.graph)
 

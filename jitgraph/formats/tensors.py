@@ -1,0 +1,66 @@
+"""A tensor of a file, not yet read: where its bytes lie and what type they are. A compiled
+program reads it straight into the param's place in its persistent memory (Program.params[k] =
+t calls t.read_into), so loading a model makes no copy of it and runs no Python over its
+values; `np.asarray(t)` reads it into a new array."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from ..types import TensorType
+
+
+@dataclass(frozen=True)
+class FileTensor:
+    path: str
+    name: str
+    offset: int                 # of its first byte in the file
+    type: TensorType            # f32 or a storage type (types.STORAGE); numpy dimension order
+
+    @property
+    def shape(self) -> tuple:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes
+
+    def read_into(self, out: np.ndarray) -> None:
+        """Read the bytes into `out`, a C-contiguous array of exactly nbytes bytes (its
+        storage array: TensorType.storage_shape, np_dtype)."""
+        if not out.flags.c_contiguous or out.nbytes != self.nbytes:
+            raise ValueError(f"tensor {self.name}: cannot read {self.nbytes} bytes into an array "
+                             f"of {out.nbytes} (contiguous: {out.flags.c_contiguous})")
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        done = 0
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            while done < self.nbytes:
+                n = f.readinto(view[done:])
+                if not n:
+                    raise ModelFormatError(f"{self.path}: tensor {self.name} is truncated: "
+                                           f"{done} of {self.nbytes} bytes at offset "
+                                           f"{self.offset}")
+                done += n
+
+    def __array__(self, dtype=None, copy=None):
+        a = np.empty(self.type.storage_shape, self.type.np_dtype)
+        self.read_into(a)
+        return a if dtype is None else a.astype(dtype)
+
+    def f32(self) -> np.ndarray:
+        """Its values as f32 (dequantized as ggml does: jitgraph/quant.py)."""
+        from ..quant import dequantize
+        a = np.asarray(self)
+        return a if not self.type.is_storage else dequantize(a, self.type)
+
+
+def materialize(params: dict) -> dict:
+    """`params` with every FileTensor read and turned into f32."""
+    return {k: v.f32() if isinstance(v, FileTensor) else v for k, v in params.items()}
