@@ -9,7 +9,8 @@ An OpDef holds the attribute schema, the shape/dtype rule, the reference numpy i
 backend-neutral facts, which passes ask instead of comparing op names:
 
   kind      what kind of computation it is (KINDS); elementwise ops also give their scalar
-            expression `expr`, from which every backend generates code
+            expression `expr`, row ops their `rows` formula (RowFormula), from which every
+            backend generates code
   fusion    the roles it can take in a fused kernel (FUSION_ROLES); `pairs_with`: the forward
             op whose kernel it joins
   cheap     whether recomputing it in the backward (passes/checkpoint.py) is cheap
@@ -19,7 +20,8 @@ backend-neutral facts, which passes ask instead of comparing op names:
             writes only what differs from that operand (set_rows writes its rows); the memory
             plan uses it when the operand dies there, or is the param the result updates
 
-How a backend runs each op is the backend's own table (runtime/cpu/table.py).
+How a backend runs each op is the backend's own table (runtime/cpu/table.py,
+runtime/cuda/table.py), which renders `expr` and `rows` for the ops of those kinds.
 """
 from __future__ import annotations
 
@@ -153,6 +155,33 @@ FUSION_ROLES = {
 }
 
 
+@dataclass(frozen=True)
+class RowPass:
+    """One pass over a row: per element, `lets` (name, expression) then each accumulator of
+    `accs` (name, "sum" | "max", the element's term) takes its term; once every element is in,
+    the `after` lines (statements) run on the row's totals. `store`: a let written to the
+    output row as it goes, read back by the final value as {out}."""
+    accs: tuple = ()
+    lets: tuple = ()
+    after: tuple = ()
+    store: str | None = None
+
+
+@dataclass(frozen=True)
+class RowFormula:
+    """A row op (kind "rows") as every backend renders it: its `passes` over each row, then
+    `final`, each element's value. Expressions are numba-Python as OpDef.expr, over the
+    operands at the element {0}, {1}, the row length {D}, the element type {T} (np.float32 /
+    np.float64), attributes {name} (float64 literals) and the names the passes bind. Sums
+    accumulate in float64 from 0.0, maxima in {T} from -inf. `stored`: the same op with the
+    last pass storing into the output row, which a backend may use where that row overlaps no
+    operand (softmax: one exp per element). A backend may spell the math functions of the
+    per-element expressions its own way (runtime/cpu/spelling.py)."""
+    passes: tuple
+    final: str
+    stored: RowFormula | None = None
+
+
 @dataclass
 class OpDef:
     name: str
@@ -176,6 +205,7 @@ class OpDef:
                                 # detects the aliasing and writes only what changes)
     storage: tuple = ()        # operand positions that may be of a storage type (types.STORAGE:
                                # a frozen weight in its file's type), read dequantized
+    rows: RowFormula | None = None  # kind "rows": the formula every backend renders
 
     def check_attrs(self, attrs: dict) -> dict:
         out = {}
@@ -206,19 +236,23 @@ OPS: dict[str, OpDef] = {}
 
 def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", expr=None, doc="",
              index=None, fusion=(), pairs_with=None, cheap=True, flops=None, bytes=None,
-             inplace=None, storage=()):
+             inplace=None, storage=(), rows=None):
     if name in OPS:
         raise RuntimeError(f"op {name!r} registered twice")
     if kind not in KINDS or not set(fusion) <= set(FUSION_ROLES) or (kind == "elementwise") != \
             (expr is not None):
         raise RuntimeError(f"op {name!r}: kind {kind!r}, fusion {sorted(fusion)} or expr "
                            f"{expr!r} not as jitgraph/registry.py defines them")
+    if (kind == "rows") != isinstance(rows, RowFormula):
+        raise RuntimeError(f"op {name!r}: kind {kind!r} with rows={rows!r}: an op of kind "
+                           f"'rows' gives its RowFormula (jitgraph/registry.py), no other op does")
     if inplace is not None and (kind in ("elementwise", "view", "leaf") or not
                                 (isinstance(inplace, int) and inplace >= 0)):
         raise RuntimeError(f"op {name!r}: inplace={inplace!r} must be an operand position of a "
                            f"non-elementwise, non-view op")
     OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index,
-                      frozenset(fusion), pairs_with, cheap, flops, bytes, inplace, tuple(storage))
+                      frozenset(fusion), pairs_with, cheap, flops, bytes, inplace, tuple(storage),
+                      rows)
     return OPS[name]
 
 

@@ -38,7 +38,7 @@ def generated(graph, **opts):
     """The CUDA backend's kernels for `graph` (the pipeline's kernel graph and memory plan, the
     real GPU's launch configuration), without a device."""
     from jitgraph.passes.pipeline import Options, run_pipeline
-    from jitgraph.runtime.cuda import program
+    from jitgraph.runtime.cuda import generate as program
     from jitgraph.runtime.cuda.backend import KINDS
     st = run_pipeline(graph, Options(kinds=KINDS, **opts))
     gen = program.generate(st.kernels, st.memory, tpb=256, tile=16)
@@ -157,7 +157,7 @@ def test_an_op_without_a_lowering_names_op_and_node(monkeypatch):
     from jitgraph import ops
     from jitgraph.ir import Graph
     from jitgraph.runtime.cuda import table
-    from jitgraph.runtime.cuda.codegen import Unsupported
+    from jitgraph.runtime.cuda.kernel import Unsupported
     monkeypatch.delitem(table.TABLE, "concat")
     g = Graph("concat")
     a = g.input("a", (4, 6))

@@ -299,7 +299,7 @@ def test_update_hook_sees_and_changes_the_device_gradients():
 @sim_only
 def test_planned_bytes_beyond_free_device_memory_is_a_clear_error():
     from jitgraph.runtime.cuda.backend import CUDA
-    from jitgraph.runtime.cuda.codegen import Generated
+    from jitgraph.runtime.cuda.kernel import Generated
 
     class Ctx:
         def get_memory_info(self):

@@ -6,7 +6,8 @@ live in the core's jitgraph/plan.py, which imports neither. The IR imports neith
 library nor its JSON format (the ops install Tensor's operators, serialize.py Graph's
 to_json/from_json), the core (jitgraph/'s own modules, ops/, passes/, runtime/) imports no
 application (cli/, formats/, models/), formats/ and models/ import no cli/, and no modules of
-passes/ or runtime/ import each other in a circle."""
+passes/ or runtime/ import each other in a circle. And the runtime compares no node's op with
+an op's name outside the backends' tables (read from the comparisons)."""
 import ast
 import subprocess
 import sys
@@ -288,3 +289,37 @@ def test_the_compiler_and_executor_use_only_the_protocol():
                         (isinstance(v, ast.Attribute) and v.attr in ("backend", "_backend")):
                     used.add(n.attr)
     assert used == PROTOCOL, (used - PROTOCOL, PROTOCOL - used)
+
+
+def op_name_tests(path, names):
+    """(line, op name) of every comparison of an `.op` (a node's op) with a registered op's
+    name in the file: `n.op == "softmax"`, `n.op in ("sum", "mean")`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if not any(isinstance(s, ast.Attribute) and s.attr == "op" for s in sides):
+            continue
+        for s in sides:
+            for c in ast.walk(s):
+                if isinstance(c, ast.Constant) and c.value in names:
+                    out.append((node.lineno, c.value))
+    return out
+
+
+def test_the_runtime_names_no_op_outside_the_backends_tables(tmp_path):
+    """A backend dispatches through its table (op -> rule) and renders elementwise and row ops
+    from their registered expressions: no module of runtime/ but a table (table.py) or a
+    spelling (spelling.py) compares a node's op with a registered op's name (leaf ops aside)."""
+    import jitgraph  # noqa: F401  (fills the registry)
+    from jitgraph.registry import OPS
+    names = {name for name, d in OPS.items() if d.kind != "leaf"}
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}"
+           for path in sorted(PACKAGES["jitgraph.runtime"].rglob("*.py"))
+           if path.name not in ("table.py", "spelling.py")
+           for line, name in op_name_tests(path, names)]
+    assert not bad, "\n".join(bad)
+    planted = tmp_path / "planted.py"       # what the check finds
+    planted.write_text('if n.op == "softmax" or x.op in ("sum", "input"):\n    pass\n')
+    assert sorted(op_name_tests(planted, names)) == [(1, "softmax"), (1, "sum")]

@@ -10,7 +10,7 @@ import numpy as np
 from ..types import ShapeError, TensorType
 from .common import apply, need_float, norm_axis, same_dtype
 from .conv import avg_pool2d, conv2d, max_pool2d  # noqa: F401  (re-exported)
-from ..registry import register
+from ..registry import RowFormula, RowPass, register
 
 __all__ = ["softmax", "log_softmax", "rms_norm", "layer_norm", "rope", "causal_mask", "conv2d",
            "max_pool2d", "avg_pool2d", "linear"]
@@ -67,9 +67,25 @@ def _softmax_back_infer(args, a):
 
 _AXIS = {"axis": ("int", -1)}
 _ROWS = dict(kind="rows", fusion=("prologue", "epilogue"))
+
+# Row formulas (jitgraph/registry.py RowFormula): each backend renders these.
+# the row's maximum, 0 when it is not finite (a row of -inf, or holding inf or nan)
+_MAX = RowPass(accs=(("m", "max", "{0}"),),
+               after=("if not math.isfinite(m):", "    m = {T}(0.0)", "mt = m"))
+_EXPSUM = RowPass(accs=(("s", "sum", "math.exp({0} - mt)"),),
+                  after=("inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"))
+# softmax keeping exp(x - m) in its output row: one exp per element
+_SOFTMAX_STORED = RowFormula((_MAX, RowPass(lets=(("e", "math.exp({0} - mt)"),),
+                                            accs=(("s", "sum", "e"),), store="e",
+                                            after=("inv = {T}(1.0 / s)",))), "{out} * inv")
+_MEAN = RowPass(accs=(("mu", "sum", "{0}"),), after=("mu = mu / {D}", "mut = {T}(mu)"))
+
 register("softmax", **_ROWS, arity=1, attrs=_AXIS, infer=_softmax_infer, ref=_softmax_ref,
+         rows=RowFormula((_MAX, _EXPSUM), "math.exp({0} - mt) * inv", stored=_SOFTMAX_STORED),
          vjp=lambda g, out, xs, a: [apply("softmax_back", out, g, axis=a["axis"])])
 register("softmax_back", **_ROWS, arity=2, attrs=_AXIS, infer=_softmax_back_infer,
+         rows=RowFormula((RowPass(accs=(("dot", "sum", "{1} * {0}"),),
+                                  after=("dt = {T}(dot)",)),), "{0} * ({1} - dt)"),
          ref=lambda a, y, g: y * (g - np.sum(g * y, axis=a["axis"], keepdims=True)),
          doc="softmax_back(y = softmax(x), grad_out) = y * (g - sum(g * y))  (ggml soft_max_back)")
 
@@ -80,6 +96,7 @@ def _log_softmax_vjp(g, out, xs, a):
 
 
 register("log_softmax", **_ROWS, arity=1, attrs=_AXIS, infer=_softmax_infer,
+         rows=RowFormula((_MAX, _EXPSUM), "({0} - mt) - lg"),
          ref=lambda a, x: log_softmax_ref(x, a["axis"]), vjp=_log_softmax_vjp)
 
 
@@ -116,16 +133,34 @@ def _norm_infer(args, a):
     return _float_like(args)
 
 
-def _norm(name, eps, ref, back_ref):
+def _norm(name, eps, ref, back_ref, rows, back_rows):
     attrs = {"eps": ("float", eps)}
-    register(name, **_ROWS, arity=1, attrs=attrs, infer=_norm_infer, ref=ref,
+    register(name, **_ROWS, arity=1, attrs=attrs, infer=_norm_infer, ref=ref, rows=rows,
              vjp=lambda g, out, xs, a: [apply(f"{name}_back", xs[0], g, eps=a["eps"])])
     register(f"{name}_back", **_ROWS, arity=2, attrs=attrs, infer=_norm_infer, ref=back_ref,
-             doc=f"{name}_back(x, grad_out)")
+             rows=back_rows, doc=f"{name}_back(x, grad_out)")
 
 
-_norm("rms_norm", 1e-6, lambda a, x: x * _rms(x, a["eps"]), _rms_norm_back_ref)
-_norm("layer_norm", 1e-5, _layer_norm_ref, _layer_norm_back_ref)
+# rs: 1 / sqrt(mean(x^2) + eps); the backs: rs * (g - x * rs^2 * mean(g x)) and, centred,
+# rs * (g - mean(g) - xc * rs^2 * mean(g xc))
+_RSQRT = "q = 1.0 / math.sqrt({} / {{D}} + {{eps}})"
+_norm("rms_norm", 1e-6, lambda a, x: x * _rms(x, a["eps"]), _rms_norm_back_ref,
+      RowFormula((RowPass(accs=(("ss", "sum", "{0} * {0}"),),
+                          after=("rs = {T}(1.0 / math.sqrt(ss / {D} + {eps}))",)),), "{0} * rs"),
+      RowFormula((RowPass(accs=(("ss", "sum", "{0} * {0}"), ("gx", "sum", "{1} * {0}")),
+                          after=(_RSQRT.format("ss"), "rs = {T}(q)",
+                                 "k = {T}(q * q * gx / {D})")),),
+                 "rs * ({1} - {0} * k)"))
+_norm("layer_norm", 1e-5, _layer_norm_ref, _layer_norm_back_ref,
+      RowFormula((_MEAN, RowPass(lets=(("xc", "{0} - mut"),), accs=(("var", "sum", "xc * xc"),),
+                                 after=("rs = {T}(1.0 / math.sqrt(var / {D} + {eps}))",))),
+                 "({0} - mut) * rs"),
+      RowFormula((_MEAN, RowPass(lets=(("xc", "{0} - mut"),),
+                                 accs=(("var", "sum", "xc * xc"), ("sg", "sum", "{1}"),
+                                       ("sgx", "sum", "{1} * xc")),
+                                 after=(_RSQRT.format("var"), "rs = {T}(q)",
+                                        "mg = {T}(sg / {D})", "k = {T}(sgx * q * q / {D})"))),
+                 "rs * ({1} - mg - ({0} - mut) * k)"))
 
 
 # ---- rope --------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 check it covered every one the compiler broke on before."""
 from __future__ import annotations
 
-from jitgraph.registry import get_op
+from jitgraph.registry import OPS, get_op
 
 
 def features(g):
@@ -15,7 +15,8 @@ def features(g):
     for n in nodes:
         a = n.attr
         shape_in = nodes[n.inputs[0]].type.shape if n.inputs else ()
-        if n.op in ("sum", "mean", "max", "logsumexp"):
+        kind = OPS[n.op].kind if n.op in OPS else "leaf"     # inputs and params: leaves
+        if kind == "reduction" and "axes" in a:
             f.add("reduce")
             if a["axes"] == ():
                 f.add("axis=()")
@@ -50,7 +51,7 @@ def features(g):
                     f.add("gemm result and operand producer read together")
                 if elementwise(p) and len(users[i]) >= 2:
                     f.add("gemm operand shared")
-        if n.op in ("softmax", "log_softmax", "rms_norm", "layer_norm"):
+        if kind == "rows":
             f.add("row op")
         if n.op == "cross_entropy":
             f.add("cross_entropy")
@@ -60,7 +61,7 @@ def features(g):
         if rep.stats.get("rewritten"):
             f.add("primitive row op")
             for n in pg.nodes:
-                if n.op in ("softmax", "log_softmax", "rms_norm", "layer_norm"):
+                if n.op in OPS and OPS[n.op].kind == "rows":
                     f.add(f"primitive {n.op}")
                     if pg.nodes[n.inputs[0]].op == "full":
                         f.add("primitive row op on a constant")

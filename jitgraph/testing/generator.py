@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import jitgraph as jg
+from jitgraph.ops.common import apply
+from jitgraph.registry import OPS
 from jitgraph.types import ShapeError
 
 from .reference import _reference_graph, _run, _runtime, _to64
@@ -106,11 +108,32 @@ def feeds_for(case, step):
     return out
 
 
-UNARY = ("relu", "tanh", "sigmoid", "neg", "sqr", "abs", "gelu", "silu", "softplus",
-         "leaky_relu", "scale", "exp", "log", "sqrt", "pow", "clamp", "step", "sgn")
+# Registered ops the generator leaves out, and why; every other op that `drawn` selects is
+# fuzzed as soon as it is registered.
+NOT_FUZZED = {"round_f16": "rounds to float16: the float64 reference cannot tell a rounding "
+                           "step (an f16 ulp) from an error"}
 
 
-BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "where")
+def drawn(kind, arities) -> tuple:
+    """The registered ops of `kind` with an arity in `arities` that graphs are drawn from: ops
+    with a gradient (a vjp), not a gradient op themselves (`*_back`, reached through autodiff
+    of their forward op in "train" mode), whose attributes are all numbers with defaults (a
+    dtype or a shape is the view template's business), in registration order."""
+    return tuple(name for name, d in OPS.items()
+                 if d.kind == kind and d.arity in arities and d.vjp is not None
+                 and not name.endswith("_back") and name not in NOT_FUZZED
+                 and all(k in ("float", "int") for k, _ in d.attrs.values()))
+
+
+def call(op, *operands, **attrs):
+    """op's user function (jg.<op>) if it has one, else the op itself (ops.common.apply)."""
+    fn = getattr(jg, op, None)
+    return fn(*operands, **attrs) if callable(fn) else apply(op, *operands, **attrs)
+
+
+UNARY = drawn("elementwise", (1,))
+BINARY = drawn("elementwise", (2, 3))       # a third operand: where's condition
+ROW_OPS = drawn("rows", (1,))
 
 
 ROW_FORMS = ("softmax", "softmax_lse", "log_softmax", "log_softmax_lse", "logsumexp",
@@ -262,7 +285,7 @@ class _Gen:
             return jg.clamp(v, -0.5, 0.75) if ch.coin() else jg.clamp(v, lo=0.0)
         if op == "exp":
             return jg.exp(v) if ch.coin(0.5) else jg.exp(jg.tanh(v))
-        return getattr(jg, op)(v)
+        return call(op, v)
 
     def t_unary(self):
         v = self.pick()
@@ -306,9 +329,11 @@ class _Gen:
         if op in ("maximum", "minimum"):
             bt = b if isinstance(b, jg.Tensor) else jg.full_like(a, b)
             return getattr(jg, op)(a, bt)
+        if OPS[op].arity == 3:                     # a new ternary op: a third operand like b
+            return call(op, a, b, b)
         if not isinstance(b, jg.Tensor) and ch.coin(0.5):
-            return getattr(jg, op)(b, a)           # number on the left
-        return getattr(jg, op)(a, b)
+            return call(op, b, a)                  # number on the left
+        return call(op, a, b)
 
     def t_binary(self):
         a = self.pick()
@@ -522,10 +547,12 @@ class _Gen:
             return norm(x)
         if form == "layer_norm":
             return norm(x - red("mean", x))
-        op = ch.choice(("softmax", "log_softmax", "rms_norm", "layer_norm"))
-        if op in ("softmax", "log_softmax"):
-            return getattr(jg, op)(x, axis=ch.int(0, x.ndim - 1))
-        w = self.param((x.shape[-1],), std=0.5) if ch.coin() else None
+        op = ch.choice(ROW_OPS)
+        if "axis" in OPS[op].attrs:
+            return call(op, x, axis=ch.int(0, x.ndim - 1))
+        if op not in ("rms_norm", "layer_norm"):
+            return call(op, x)
+        w = self.param((x.shape[-1],), std=0.5) if ch.coin() else None     # their affine forms
         if op == "rms_norm":
             return jg.rms_norm(x, w)
         return jg.layer_norm(x, w, self.param((x.shape[-1],), std=0.5) if ch.coin() else None)

@@ -325,7 +325,7 @@ def rows(g, kernel, inlined, slot_of, rule):
     passes, final = rule.passes, rule.final
     ins = [slot_of(i) for i in externals(g, kernel.nodes, b.vals)]
     fmt = {"T": NP_DTYPE[n.type.dtype], "D": D, "exp": spelling.approx("exp", n.type.dtype),
-           "eps": typed_literal(n.attr.get("eps", 0.0), "f64")}
+           **{k: typed_literal(v, "f64") for k, v in n.attrs}}
     if rule.stored and n.id in kernel.outputs and not any(_overlap(slot_of(n.id), s) for s in ins):
         passes, final = rule.stored
         fmt["buf"] = b.arg((n.id, (R, D)), "o")

@@ -67,11 +67,12 @@ class Library:
 
 @dataclass(frozen=True)
 class Rows:
-    """An op of kind rows: `passes` over each row ((setup, per element, after) lines), then
-    `final`, each element's value (runtime/cpu/fused.py rows); `stored`: the same as (passes,
-    final) writing into the output row as it goes, used when that row shares no byte with an
-    operand; `imports`: lines the kernel module needs. Over another axis than the last (or
-    empty) the op runs `library`."""
+    """An op of kind rows, its formula (OpDef.rows) as runtime/cpu/spelling.py row_templates
+    renders it (table.py rows_rule): `passes` over each row ((setup, per element, after)
+    lines), then `final`, each element's value (runtime/cpu/fused.py rows); `stored`: the same
+    as (passes, final) writing into the output row as it goes, used when that row shares no
+    byte with an operand; `imports`: lines the kernel module needs. Over another axis than the
+    last (or empty) the op runs `library`."""
     passes: tuple
     final: str
     library: Library | None = None

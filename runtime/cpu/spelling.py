@@ -1,6 +1,7 @@
-"""The CPU backend's spelling of elementwise ops: the expression each computes inside the loops
-of runtime/cpu/fused.py (rules.py ELEMENTWISE), calling runtime/cpu/approx.py where the portable
-expression (OpDef.expr) calls libm."""
+"""The CPU backend's spelling of elementwise ops (the expression each computes inside the loops
+of runtime/cpu/fused.py, rules.py ELEMENTWISE) and of row ops (their formula, OpDef.rows, as the
+line templates of fused.rows), calling runtime/cpu/approx.py where the portable expressions
+call libm."""
 from __future__ import annotations
 
 from jitgraph.registry import get_op
@@ -35,3 +36,38 @@ def expr(op, dtype) -> str:
     """Op's scalar expression template in `dtype` as this backend spells it: EXPR's where it
     has one, else the op's portable OpDef.expr."""
     return EXPR.get(op, {}).get(dtype) or get_op(op).expr
+
+
+# Per-element math of row formulas, as fused.rows spells it: {exp} is approx's exp of the
+# row's dtype. The lines run once per row (a pass's `after`) keep libm.
+ROW_FUNCS = {"math.exp(": "{exp}("}
+# how a row accumulator takes an element's term: the maximum by fmaximum (a select that
+# vectorises, where max() is a compare and branch: runtime/cpu/minmax.py)
+_INIT = {"sum": "{0} = 0.0", "max": "{0} = {{T}}(-math.inf)"}
+_TAKE = {"sum": "{0} += {1}", "max": "{0} = fmaximum({0}, {1})"}
+
+
+def _element(expr: str) -> str:
+    for portable, own in ROW_FUNCS.items():
+        expr = expr.replace(portable, own)
+    return expr.replace("{out}", "{buf}[r, j]")
+
+
+def row_templates(formula):
+    """(passes, final) of a RowFormula as runtime/cpu/rules.py Rows holds them: per pass
+    (setup, per element, after) lines; a pass's `store` writes its let into the output row
+    ({buf})."""
+    passes = []
+    for p in formula.passes:
+        per = [f"{name} = {_element(e)}" for name, e in p.lets]
+        if p.store:
+            per.append(f"{{buf}}[r, j] = {p.store}")
+        per += [_TAKE[comb].format(name, _element(term)) for name, comb, term in p.accs]
+        passes.append(([_INIT[comb].format(name) for name, comb, _ in p.accs], per,
+                       list(p.after)))
+    return tuple(passes), _element(formula.final)
+
+
+def uses_max(formula) -> bool:
+    """Whether the formula's kernel calls fmaximum (its module imports it)."""
+    return any(comb == "max" for p in formula.passes for _, comb, _ in p.accs)

@@ -1,29 +1,18 @@
 """The CPU backend's lowering table: op -> rule (runtime/cpu/rules.py), how this backend runs it.
 
 codegen.py lowers every node and every fused kernel through `lowering(op)`; nothing else in the
-backend looks an op up by name. Elementwise ops have no entry: their scalar expression
-(OpDef.expr, jitgraph/ops) is all the backend needs. A new row op is its op file plus one Rows
-entry here; a new reduction, one Reduction entry (its loop bodies in runtime/cpu/lower.py).
-
-Row templates: (passes over the row: (setup, per element, after), the element's value). {0},
-{1}: the operands at (r, j); accumulators are float64, factors used per element are cast to {T};
-{D} is the row length, {eps} the op's attribute, {buf} the output row, {exp} e^x in {T}
-(runtime/cpu/approx.py: vectorises, where math.exp, a libm call, keeps the row loop scalar).
+backend looks an op up by name. Elementwise ops and row ops have no entry: their scalar
+expression (OpDef.expr) or row formula (OpDef.rows, rendered by runtime/cpu/spelling.py) is all
+the backend needs; a row op over another axis than the last runs the library kernel of its
+name (runtime/cpu/library.py) if there is one. A new reduction is one Reduction entry (its loop
+bodies in runtime/cpu/lower.py).
 """
 from __future__ import annotations
 
 from jitgraph.registry import get_op
 
-from . import fused, lower
+from . import fused, lower, spelling
 from .rules import ELEMENTWISE, Gemm, Library, Own, Reduction, Rows
-
-
-def _axis(n):
-    return [n.attr["axis"] % max(n.type.ndim, 1)]
-
-
-def _eps(n):
-    return [n.attr["eps"]]
 
 
 def _slices(n):
@@ -56,39 +45,7 @@ def _pool(n):
     return [*a["kernel"], *a["stride"], *a["padding"]]
 
 
-# ---- row templates -------------------------------------------------------------------------
-_SOFTMAX = (
-    (["m = {T}(-math.inf)"], ["m = fmaximum(m, {0})"],       # vectorises (runtime/cpu/minmax.py)
-     ["if not math.isfinite(m):", "    m = {T}(0.0)", "mt = m"]),
-    (["s = 0.0"], ["s += {exp}({0} - mt)"], ["inv = {T}(1.0 / s)", "lg = {T}(math.log(s))"]))
-# softmax storing exp(x - m) in its output row (one exp per element)
-_SOFTMAX_STORED = ((_SOFTMAX[0], (["s = 0.0"], ["e = {exp}({0} - mt)", "{buf}[r, j] = e",
-                                             "s += e"], ["inv = {T}(1.0 / s)"])),
-                   "{buf}[r, j] * inv")
-_LN_MEAN = (["mu = 0.0"], ["mu += {0}"], ["mu = mu / {D}", "mut = {T}(mu)"])
-_RMS = (["ss = 0.0"], ["ss += {0} * {0}"], ["rs = {T}(1.0 / math.sqrt(ss / {D} + {eps}))"])
-_LN_VAR = (["var = 0.0"], ["xc = {0} - mut", "var += xc * xc"],
-           ["rs = {T}(1.0 / math.sqrt(var / {D} + {eps}))"])
-_RMS_BACK = (["ss = 0.0", "gx = 0.0"], ["ss += {0} * {0}", "gx += {1} * {0}"],
-             ["q = 1.0 / math.sqrt(ss / {D} + {eps})", "rs = {T}(q)", "k = {T}(q * q * gx / {D})"])
-_LN_BACK = (["var = 0.0", "sg = 0.0", "sgx = 0.0"],
-            ["xc = {0} - mut", "var += xc * xc", "sg += {1}", "sgx += {1} * xc"],
-            ["q = 1.0 / math.sqrt(var / {D} + {eps})", "rs = {T}(q)", "mg = {T}(sg / {D})",
-             "k = {T}(sgx * q * q / {D})"])
-
 TABLE = {
-    # rows: fused.rows over the last axis, the library kernel otherwise
-    "softmax": Rows(_SOFTMAX, "{exp}({0} - mt) * inv", Library("softmax", _axis),
-                    stored=_SOFTMAX_STORED, imports=lower.FMAX_IMPORTS),
-    "log_softmax": Rows(_SOFTMAX, "({0} - mt) - lg", Library("log_softmax", _axis),
-                        imports=lower.FMAX_IMPORTS),
-    "softmax_back": Rows(((["dot = 0.0"], ["dot += {1} * {0}"], ["dt = {T}(dot)"]),),
-                         "{0} * ({1} - dt)", Library("softmax_back", _axis)),
-    "rms_norm": Rows((_RMS,), "{0} * rs", Library("rms_norm", _eps)),
-    "layer_norm": Rows((_LN_MEAN, _LN_VAR), "({0} - mut) * rs", Library("layer_norm", _eps)),
-    "rms_norm_back": Rows((_RMS_BACK,), "rs * ({1} - {0} * k)", Library("rms_norm_back", _eps)),
-    "layer_norm_back": Rows((_LN_MEAN, _LN_BACK), "rs * ({1} - mg - ({0} - mut) * k)",
-                            Library("layer_norm_back", _eps)),
     # reductions: generated loops (runtime/cpu/lower.py)
     "sum": Reduction(lower.sum_rows, lower.sum_memory),
     "mean": Reduction(lower.mean_rows, lower.mean_memory),
@@ -138,9 +95,35 @@ TABLE = {
 }
 
 
+def _row_params(n):
+    """A row op's attributes, in its declared order, as its library kernel takes them (an axis
+    normalised to non-negative)."""
+    return [n.attr[k] % max(n.type.ndim, 1) if k == "axis" else n.attr[k]
+            for k in get_op(n.op).attrs]
+
+
+_ROWS = {}
+
+
+def rows_rule(op) -> Rows:
+    """The Rows rule of a row op, rendered from its formula (OpDef.rows) once."""
+    if op not in _ROWS:
+        f = get_op(op).rows
+        passes, final = spelling.row_templates(f)
+        _ROWS[op] = Rows(passes, final, Library(op, _row_params),
+                         stored=spelling.row_templates(f.stored) if f.stored else None,
+                         imports=lower.FMAX_IMPORTS if spelling.uses_max(f) else ())
+    return _ROWS[op]
+
+
 def lowering(op):
-    """op's rule: its entry, ELEMENTWISE for an elementwise op, else None (no CPU lowering)."""
+    """op's rule: its entry, ELEMENTWISE for an elementwise op, its formula's Rows for a row
+    op, else None (no CPU lowering)."""
     rule = TABLE.get(op)
-    if rule is None and get_op(op).kind == "elementwise":
-        return ELEMENTWISE
+    if rule is None:
+        kind = get_op(op).kind
+        if kind == "elementwise":
+            return ELEMENTWISE
+        if kind == "rows":
+            return rows_rule(op)
     return rule

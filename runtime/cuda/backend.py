@@ -13,7 +13,7 @@ Program's own device buffer or, with step_into, the caller's host array. The dri
 each entry: an address inside one of this backend's allocations is device memory (used where it
 lies); any other is host memory, copied into a device staging buffer of the driver's (inputs,
 allocated once) before the launches, or from one (outputs) after them. So a step moves the
-inputs up (through pinned host buffers), runs the launches (runtime/cuda/codegen.py) on the
+inputs up (through pinned host buffers), runs the launches (runtime/cuda/generate.py) on the
 driver's one stream, or from the second step on replays them as one CUDA graph per phase
 (runtime/cuda/graphs.py: JITGRAPH_CUDA_GRAPHS), and copies the outputs down; nothing is
 allocated per step after the first.
@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from . import device, gemm
-from .codegen import Ref
+from .kernel import Ref
 from .gemm import describe
 
 KINDS = frozenset(("node", "elementwise", "gemm", "rows", "reduce", "cross_entropy"))
@@ -48,7 +48,7 @@ class CUDA:
 
     # ---- generate / build -----------------------------------------------------------------
     def generate(self, kernels, plan):
-        from .program import generate, listing
+        from .generate import generate, listing
         stored = [n for n in kernels.graph.nodes if n.type.is_storage]
         if stored:
             raise NotImplementedError(
@@ -130,7 +130,7 @@ def _device_name(cuda) -> str:
 
 
 class Driver:
-    """driver(arena, persist, io[, phase]): one step, the launches of runtime/cuda/codegen.py
+    """driver(arena, persist, io[, phase]): one step, the launches of runtime/cuda/generate.py
     over device arrays, all on one stream of the driver's. The launch configurations and every
     launch's argument list are built once and rebuilt only when the arena, the persistent
     region or a buffer behind the io table changes (a caller's output array with step_into, a

@@ -1,35 +1,43 @@
-"""The CUDA program: every kernel of the KernelGraph lowered to its launches, in order (fused
-kinds by runtime/cuda/codegen.py, a lone node through runtime/cuda/table.py), the pads and
-param copies, and the listing Program.ir("kernels") shows."""
+"""The CUDA program: every kernel of the KernelGraph lowered to its launches, in order (a lone
+node by its op's rule, a fused kernel by the rule of the op anchoring it: runtime/cuda/table.py),
+the pads and param copies, and the listing Program.ir("kernels") shows.
+
+The same kernel graph the CPU backend gets (passes/fuse.py), the same memory plan: every value
+lives at its slot in the device arena, the device persistent region, or (inputs and outputs) at
+an entry of the per-call io table. Kernel writing: runtime/cuda/kernel.py; the fused kinds'
+writers: fused.py; a lone op's: lower.py, conv.py, attention.py.
+"""
 from __future__ import annotations
 
 from jitgraph.plan import CALLER
 
-from .codegen import (HEADER, Context, Generated, copy_words, cross_entropy, elementwise,
-                      fill_words, gemm_kernel, reduction, rows, words)
-from .table import lower_node
+from .kernel import HEADER, Context, Generated, copy_words, fill_words, words
+from .rules import ELEMENTWISE
+from .table import lowering
+
+
+def rule_of(ctx, n):
+    """The rule of node n's op; an op without one is Unsupported, naming the op and the node."""
+    rule = lowering(n.op)
+    if rule is None:
+        raise ctx.unsupported(n)
+    return rule
+
+
+def lower_node(ctx, n, note=""):
+    """The launches running node n alone."""
+    return rule_of(ctx, n).node(ctx, n, note)
 
 
 def lower_kernel(ctx, k) -> list:
-    """The launches running KernelGraph kernel `k`."""
-    g = ctx.g
+    """The launches running KernelGraph kernel `k`: a node by its op's rule, an elementwise
+    kernel by ELEMENTWISE, any other by the rule of the op anchoring it."""
     note = f"k{k.id}"
     if k.kind == "node":
-        return lower_node(ctx, g.nodes[k.root], note)
+        return lower_node(ctx, ctx.g.nodes[k.root], note)
     if k.kind == "elementwise":
-        return elementwise(ctx, list(k.nodes), list(k.outputs), note)
-    if k.kind == "gemm":
-        return gemm_kernel(ctx, k, note)
-    if k.kind == "reduce":
-        n = g.nodes[k.anchor]
-        return reduction(ctx, n, [m for m in k.nodes if m != n.id], k.outputs, note)
-    if k.kind == "cross_entropy":
-        fwd, back = (g.nodes[m] for m in k.nodes)
-        return cross_entropy(ctx, fwd, back, note)
-    if k.kind == "rows":
-        return rows(ctx, g.nodes[k.anchor], list(k.nodes), list(k.outputs), note)
-    n = g.nodes[k.anchor if k.anchor is not None else k.root]
-    raise ctx.unsupported(n, f" in a fused {k.kind} kernel")
+        return ELEMENTWISE.kernel(ctx, k, note)
+    return rule_of(ctx, ctx.g.nodes[k.anchor]).kernel(ctx, k, note)
 
 
 def generate(kg, plan, tpb=128, tile=16, max_blocks=4096) -> Generated:
