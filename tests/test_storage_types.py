@@ -259,3 +259,23 @@ def test_lora_finetune_on_a_q8_0_base_trains_as_on_its_f32_values(stories, tmp_p
         assert np.array_equal(pa[k], pa[k].astype(np.float16).astype(np.float32))   # F16
     _, _, params, _, _ = load_llama_checkpoint(cka)
     assert params and all(k.endswith((".lora_a", ".lora_b")) for k in params)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ftype", ["f16", "bf16", "q8_0"])
+def test_llama_quantize_files_score_as_llama_perplexity(ftype, testdata):
+    """stories260K converted by llama.cpp's llama-quantize (tests/data/types), read in its type:
+    perplexity over the whole held-out tail within 0.5 % of llama-perplexity's on the same
+    file (llama.cpp rounds activations to the weights' dot type: more than f32 rounding)."""
+    import json
+
+    from jitgraph.models.llama import read_llama
+    from jitgraph.models.perplexity import perplexity, split_text
+    folder = testdata.stories.parent / "types"
+    ref = json.loads((folder / "llamacpp-perplexity.json").read_text())
+    model = read_llama(folder / f"stories260K-{ftype}.gguf", keep_types=True)
+    assert ftype in dict(model[0].types).values()
+    res = perplexity(model, split_text(testdata.shakespeare_tail, "all"), n_ctx=ref["ctx"],
+                     batch=16, kv_f16=True)
+    assert res.chunks == ref["chunks"]
+    assert abs(res.ppl / ref["perplexity"][ftype] - 1) < 0.005, (res.ppl, ref["perplexity"])
