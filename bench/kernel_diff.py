@@ -284,8 +284,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep", type=Path, help="also write the normalised files here")
     p.add_argument("--only", nargs="*", default=[], help="graph names (default: all)")
     p.add_argument("--list", action="store_true", help="print the graph names and stop")
-    p.add_argument("--random", type=int, default=16, metavar="N",
-                   help="random graphs, each fused and unfused (default 16)")
+    p.add_argument("--random", type=int, default=32, metavar="N",
+                   help="random graphs, each fused and unfused (default 32)")
     p.add_argument("--seed", type=int, default=14, help="the random graphs' seed (default: "
                    "tests/test_random_graphs.py's CI_SEED, 14)")
     p.add_argument("--scale", type=float, default=1.0,
