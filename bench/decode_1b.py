@@ -2,12 +2,12 @@
 llama.cpp's llama-bench tg32, per weight type, side by side in one run, 2 threads each.
 
     python bench/decode_1b.py [--types f32,f16,q8_0,q4_k_m] [--models /work/models]
-        [--llama-bench PATH] [--threads 2] [--n 32] [--profile TYPE]
+        [--llama-bench PATH] [--threads 2] [--n 32] [--reps 5] [--profile TYPE]
 
 For each type: the machine's load (1-minute load average), `jitgraph generate MODEL --prompt
 "Once upon a time" -n N --ctx 256 --temp 0 --ignore-eos --json --quiet --threads T` in a fresh
 process (decode tokens/s: generated tokens over the decode time; us per decode step), then
-`llama-bench -m MODEL -p 0 -n N -t T -o json` (tg N tokens/s), and their ratio. The host's sgemm
+`llama-bench -m MODEL -p 0 -n N -t T -r REPS -o json` (tg N tokens/s), and their ratio. The host's sgemm
 rate (numpy's BLAS, 1024^3) is printed with the table, before and after. --profile TYPE: where a
 decode step's time goes for that type's model, kernel by kernel in step order
 (jitgraph/cli/roofline.py time_kernels), summed by kind: matmuls (gemm / qgemm) and the rest.
@@ -40,9 +40,10 @@ def jitgraph_decode(model, n, threads):
             res["tokens"])
 
 
-def llama_bench(binary, model, n, threads):
-    """llama-bench's tg-n tokens/s (mean of its repetitions)."""
-    cmd = [binary, "-m", model, "-p", "0", "-n", str(n), "-t", str(threads), "-o", "json"]
+def llama_bench(binary, model, n, threads, reps):
+    """llama-bench's tg-n tokens/s (mean of its `reps` repetitions)."""
+    cmd = [binary, "-m", model, "-p", "0", "-n", str(n), "-t", str(threads), "-r", str(reps),
+           "-o", "json"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"decode_1b: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
@@ -81,6 +82,7 @@ def main():
     ap.add_argument("--llama-bench", default="/work/llamacpp/build/bin/llama-bench")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5, help="llama-bench's repetitions (-r)")
     ap.add_argument("--profile", default="")
     a = ap.parse_args()
     if a.profile:
@@ -96,7 +98,7 @@ def main():
         l0 = load()
         jg, us, n = jitgraph_decode(model, a.n, a.threads)
         l1 = load()
-        lc = llama_bench(a.llama_bench, model, a.n, a.threads)
+        lc = llama_bench(a.llama_bench, model, a.n, a.threads, a.reps)
         rows.append((t, jg, us, lc, jg / lc, l0, l1, load()))
         print(f"{t}: jitgraph {jg:.2f} tokens/s ({us:.0f} us/token, {n} tokens), "
               f"llama.cpp tg{a.n} {lc:.2f} tokens/s", file=sys.stderr, flush=True)
