@@ -7,10 +7,11 @@ llama.cpp's llama-bench tg32, per weight type, side by side in one run, 2 thread
 For each type: the machine's load (1-minute load average), `jitgraph generate MODEL --prompt
 "Once upon a time" -n N --ctx 256 --temp 0 --ignore-eos --json --quiet --threads T` in a fresh
 process (decode tokens/s: generated tokens over the decode time; us per decode step), then
-`llama-bench -m MODEL -p 0 -n N -t T -r REPS -o json` (tg N tokens/s), and their ratio. The host's sgemm
-rate (numpy's BLAS, 1024^3) is printed with the table, before and after. --profile TYPE: where a
-decode step's time goes for that type's model, kernel by kernel in step order
-(jitgraph/cli/roofline.py time_kernels), summed by kind: matmuls (gemm / qgemm) and the rest.
+`llama-bench -m MODEL -p 0 -n N -t T -r REPS -o json` (tg N tokens/s), and their ratio. The
+host's sgemm rate (numpy's BLAS, 1024^3) is printed with the table, before and after.
+--profile TYPE: where a decode step's time goes for that type's model, kernel by kernel in step
+order (jitgraph/cli/roofline.py time_kernels), summed by kind: matmuls (gemm / qgemm) and the
+rest, and the slowest kernels.
 """
 import argparse
 import json
@@ -29,8 +30,8 @@ def load() -> float:
 
 def jitgraph_decode(model, n, threads):
     """(decode tokens/s, us per decode step, generated tokens) of one generate run."""
-    cmd = [sys.executable, "-m", "jitgraph.cli", "generate", model, "--prompt", PROMPT, "-n", str(n),
-           "--ctx", "256", "--temp", "0", "--ignore-eos", "--json", "--quiet",
+    cmd = [sys.executable, "-m", "jitgraph.cli", "generate", model, "--prompt", PROMPT,
+           "-n", str(n), "--ctx", "256", "--temp", "0", "--ignore-eos", "--json", "--quiet",
            "--threads", str(threads)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
@@ -94,7 +95,8 @@ def main():
     for t in a.types.split(","):
         model = os.path.join(a.models, f"llama1b-{t}.gguf")
         if not os.path.exists(model):
-            raise SystemExit(f"decode_1b: no model {model} (--models DIR holds llama1b-<type>.gguf)")
+            raise SystemExit(f"decode_1b: no model {model} (expected --models DIR holding "
+                             f"llama1b-<type>.gguf)")
         l0 = load()
         jg, us, n = jitgraph_decode(model, a.n, a.threads)
         l1 = load()

@@ -176,8 +176,9 @@ def _row_q6_k(w, x, acc):
                 q2 = ((v & 0xF) | (((e >> 2) & 3) << 4)) - 32
                 q3 = ((u >> 4) | (((e >> 4) & 3) << 4)) - 32
                 q4 = ((v >> 4) | (((e >> 6) & 3) << 4)) - 32
-                acc[l] += (da * np.float32(q1)) * x[xo + l] + (db * np.float32(q2)) * x[xo + 32 + l] \
-                    + (dc * np.float32(q3)) * x[xo + 64 + l] + (de * np.float32(q4)) * x[xo + 96 + l]
+                acc[l] += (da * np.float32(q1)) * x[xo + l] + \
+                    (db * np.float32(q2)) * x[xo + 32 + l] + \
+                    (dc * np.float32(q3)) * x[xo + 64 + l] + (de * np.float32(q4)) * x[xo + 96 + l]
     return _sum(acc)
 
 
