@@ -17,7 +17,8 @@ from jitgraph.runtime.cpu import blas
 rng = np.random.default_rng(0)
 worst = 0.0
 for gemm, dt, tol in ((blas.gemm_f32, np.float32, 1e-5), (blas.gemm_f64, np.float64, 1e-12)):
-    for m, n, k in ((1, 1, 1), (7, 3, 5), (13, 1, 29), (64, 10, 100), (3, 17, 1)):
+    for m, n, k in ((1, 1, 1), (7, 3, 5), (13, 1, 29), (64, 10, 100), (3, 17, 1),
+                    (1, 200, 37)):
         for ta in (False, True):
             for tb in (False, True):
                 a = rng.standard_normal((k, m) if ta else (m, k)).astype(dt)
@@ -343,3 +344,30 @@ def test_the_load_moves_where_bands_run_not_the_bits(ta):
     want = (a.T if ta else a).astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(out[blas.QUIET_BOUND], want, rtol=1e-4, atol=1e-4 * k)
     assert np.array_equal(out[blas.QUIET_BOUND], out[blas.BUSY_BOUND])
+
+
+@pytest.mark.parametrize("tb", [True, False], ids=["x W^T", "x W"])
+def test_one_row_gemv_bands_keep_the_bits(tb):
+    """c[1, N] (decode) runs as GEMV in column bands: on the pool (quiet) or one after another
+    on this thread (busy), the same bands, the same bits; beta accumulates into c."""
+    from jitgraph.runtime.cpu import blas
+    rng = np.random.default_rng(7)
+    n, k = 1000, 3000
+    assert blas.GEMV_WEIGHT * n * k > blas.QUIET_BOUND
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    c0 = rng.standard_normal((1, n)).astype(np.float32)
+    want = 0.5 * (a.astype(np.float64) @ (b.T if tb else b).astype(np.float64)) + 2.0 * c0
+    was = (blas._SERIAL_MAX.value, blas._BAND_MIN.value)
+    out = {}
+    try:
+        blas._BAND_MIN.value = blas.QUIET_BOUND
+        for bound in (blas.QUIET_BOUND, 1 << 40):
+            blas._SERIAL_MAX.value = bound
+            c = c0.copy()
+            blas.gemm_f32(False, tb, 0.5, a, b, 2.0, c)
+            out[bound] = c
+    finally:
+        blas._SERIAL_MAX.value, blas._BAND_MIN.value = was
+    assert np.abs(out[blas.QUIET_BOUND] - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.array_equal(out[blas.QUIET_BOUND], out[1 << 40])

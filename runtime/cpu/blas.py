@@ -50,11 +50,16 @@ def _signature(real, integer):
     return types.void(i8p, i8p, ip, ip, ip, rp, rp, ip, rp, ip, rp, rp, ip)
 
 
-def _extern(symbol, address, real, integer):
+def _gemv_signature(real, integer):
+    i8p, ip, rp = types.CPointer(types.int8), types.CPointer(integer), types.CPointer(real)
+    return types.void(i8p, ip, ip, rp, rp, ip, rp, ip, rp, rp, ip)
+
+
+def _extern(symbol, address, real, integer, signature=_signature):
     """`symbol`, bound to `address` in LLVM's symbol table (in every process: calls to it are
-    cacheable), as a numba external function taking Fortran GEMM arguments."""
+    cacheable), as a numba external function taking Fortran GEMM (or GEMV) arguments."""
     llvm.add_symbol(symbol, address)
-    return types.ExternalFunction(symbol, _signature(real, integer))
+    return types.ExternalFunction(symbol, signature(real, integer))
 
 
 def numpy_openblas():
@@ -133,11 +138,25 @@ def _scipy_adapter(name, real):
     return adapter
 
 
+def _scipy_gemv_adapter(name, real):
+    """As _scipy_adapter, for GEMV's arguments."""
+    f = _extern(f"jitgraph_scipy_{name}", get_cython_function_address("scipy.linalg.cython_blas",
+                                                                      name), real, types.int32,
+                _gemv_signature)
+    i32 = types.int32
+
+    @cfunc(_gemv_signature(real, types.int64), nopython=True)
+    def adapter(t, m, n, alpha, a, lda, x, incx, beta, y, incy):
+        f(t, _ref(i32(m[0])), _ref(i32(n[0])), alpha, a, _ref(i32(lda[0])), x,
+          _ref(i32(incx[0])), beta, y, _ref(i32(incy[0])))
+    return adapter
+
+
 def _address(name, real):
     if _NUMPY:
         prefix, suffix = _NUMPY[2]
         return ctypes.cast(getattr(_NUMPY[1], f"{prefix}{name}{suffix}"), ctypes.c_void_p).value
-    adapter = _scipy_adapter(name, real)
+    adapter = (_scipy_gemv_adapter if name.endswith("gemv") else _scipy_adapter)(name, real)
     _KEEP.append(adapter)     # its machine code must outlive every kernel calling it
     return adapter.address
 
@@ -145,6 +164,10 @@ def _address(name, real):
 _KEEP = []
 _sgemm = _extern("jitgraph_sgemm64", _address("sgemm", types.float32), types.float32, types.int64)
 _dgemm = _extern("jitgraph_dgemm64", _address("dgemm", types.float64), types.float64, types.int64)
+_sgemv = _extern("jitgraph_sgemv64", _address("sgemv", types.float32), types.float32, types.int64,
+                 _gemv_signature)
+_dgemv = _extern("jitgraph_dgemv64", _address("dgemv", types.float64), types.float64, types.int64,
+                 _gemv_signature)
 
 _N, _T = 78, 84   # ord("N"), ord("T")
 
@@ -290,6 +313,22 @@ def _xgemm_typed(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc):
     def impl(c, fb, fa, n, m, k, alpha, b, ldb, a, lda, beta, ldc):
         f(_ref(i8(fb)), _ref(i8(fa)), _ref(i(n)), _ref(i(m)), _ref(i(k)), _ref(real(alpha)),
           b.ctypes, _ref(i(ldb)), a.ctypes, _ref(i(lda)), _ref(real(beta)), c.ctypes, _ref(i(ldc)))
+    return impl
+
+
+def _xgemv(y, t, m, n, alpha, a, lda, x, beta):
+    """sgemv or dgemv by y's dtype, unit strides (callable from @njit only)."""
+    raise NotImplementedError("_xgemv is callable from @njit code only")
+
+
+@overload(_xgemv)
+def _xgemv_typed(y, t, m, n, alpha, a, lda, x, beta):
+    f, real = (_sgemv, types.float32) if y.dtype == types.float32 else (_dgemv, types.float64)
+    i, i8 = types.int64, types.int8
+
+    def impl(y, t, m, n, alpha, a, lda, x, beta):
+        f(_ref(i8(t)), _ref(i(m)), _ref(i(n)), _ref(real(alpha)), a.ctypes, _ref(i(lda)),
+          x.ctypes, _ref(i(1)), _ref(real(beta)), y.ctypes, _ref(i(1)))
     return impl
 
 
@@ -440,6 +479,54 @@ def _where(m, n, k, parts):
     return POOL if m * n * k > _serial_max() else HERE
 
 
+# ---- one row of c: GEMV ----------------------------------------------------------------------
+# c[1, N] = op(a) op(b) (decode: one token's activations times a weight) runs as GEMV, which
+# streams b once where sgemm at M = 1 runs several times slower (bench/README.md, "Decode").
+# c's columns are cut into one band per pool thread (multiples of GEMV_ALIGN columns), the same
+# bands whatever the load, run on the pool or one after another here as gemm's bands are; a
+# GEMV element costs about GEMV_WEIGHT of sgemm's multiply-adds, so bounds compare that much.
+GEMV_ALIGN, GEMV_WEIGHT = 64, 8
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gemv_band(p, parts, tb, alpha, a, b, beta, c):
+    """Columns of band p of `parts` of c[1, N] = alpha a[1 or K, K or 1] op(b) + beta c."""
+    n = c.shape[1]
+    k = b.shape[1] if tb else b.shape[0]
+    h = (n + parts - 1) // parts
+    h = (h + GEMV_ALIGN - 1) // GEMV_ALIGN * GEMV_ALIGN
+    j0 = p * h
+    j1 = min(n, j0 + h)
+    if j0 < j1:
+        if tb:                          # b [N, K]: column-major [K, N], transposed
+            _xgemv(c[0, j0:], _T, k, j1 - j0, alpha, b[j0:], max(k, 1), a, beta)
+        else:                           # b [K, N]: column-major [N, K]
+            _xgemv(c[0, j0:], _N, j1 - j0, k, alpha, b[:, j0:], max(n, 1), a, beta)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _gemv_bands(tb, alpha, a, b, beta, c, parts):
+    for p in prange(parts):
+        _gemv_band(p, parts, tb, alpha, a, b, beta, c)
+
+
+@njit(cache=True, nogil=True)
+def _gemv(tb, alpha, a, b, beta, c):
+    """c[1, N] = alpha a op(b) + beta c, a one row (or, transposed, one column: the same
+    contiguous K elements), OpenBLAS's GEMV on one thread per band."""
+    n = c.shape[1]
+    k = b.shape[1] if tb else b.shape[0]
+    parts = max(1, min(_pool_threads(), (n + GEMV_ALIGN - 1) // GEMV_ALIGN))
+    where = _where(GEMV_WEIGHT, n, k, parts)
+    if where == POOL:
+        _gemv_bands(tb, alpha, a, b, beta, c, parts)
+    elif where == HERE:
+        for p in range(parts):
+            _gemv_band(p, parts, tb, alpha, a, b, beta, c)
+    else:
+        _gemv_band(0, 1, tb, alpha, a, b, beta, c)
+
+
 @njit(cache=True, nogil=True)
 def gemm_one(ta, tb, alpha, a, b, beta, c):
     """gemm on the calling thread only (OpenBLAS's one thread, in tiles where they pay): for
@@ -454,13 +541,18 @@ def gemm_one(ta, tb, alpha, a, b, beta, c):
 @njit(cache=True, nogil=True)
 def gemm(ta, tb, alpha, a, b, beta, c):
     """c[M,N] = alpha * op(a) @ op(b) + beta * c for C-contiguous 2-D float32 or float64
-    arrays (sgemm / dgemm), OpenBLAS on one thread throughout: up to the band bound whole on
-    the calling thread, above it c's rows in one band per thread of numba's pool, the bands
-    run by the pool above the (load-following) one-thread bound, else on the calling thread."""
+    arrays (sgemm / dgemm; c of one row: GEMV, _gemv), OpenBLAS on one thread throughout: up
+    to the band bound whole on the calling thread, above it c's rows in one band per thread of
+    numba's pool, the bands run by the pool above the (load-following) one-thread bound, else
+    on the calling thread."""
     fb, fa, n, m, k, ldb, lda, ldc = _dims(ta, tb, a, b, c)
     if not (m and n):
         return
     was = one_thread()
+    if m == 1 and k > 0:
+        _gemv(tb, alpha, a, b, beta, c)
+        restore_threads(was)
+        return
     parts = min(_pool_threads(), m)
     where = _where(m, n, k, parts)
     if where == POOL:

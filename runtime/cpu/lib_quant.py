@@ -10,7 +10,8 @@ array, so an f16 weight comes as its bytes or its uint16 bits).
   alpha x @ W + beta out (its input gradient, W [K, N]) without the whole W in float32: tiles of
   W dequantized into per-thread scratch (`work`, qgemm_workspace elements) and multiplied there by
   OpenBLAS on one thread; for a few rows of x (decode), W's rows dequantized one at a time into
-  L1 and dotted (or, W [K, N], added) straight from there.
+  L1 and dotted (or, W [K, N], added) straight from there; for one row of x (W [N, K]) each row
+  of W read and dotted in one pass (lib_qdot.dot_rows).
 - quantize_rows: float32 rows to f16, bf16 or q8_0 (ggml's rounding: quantize_row_q8_0_ref).
 Tiles and column chunks have fixed sizes, so a result's bits do not depend on the thread count.
 """
@@ -22,8 +23,10 @@ from numba import njit, prange
 from jitgraph.types import STORAGE
 
 from .approx import _from_bits
-from .blas import _pool_threads, _small_max, _tiled, one_thread, restore_threads
+from .blas import (GEMV_WEIGHT, _pool_threads, _serial_max, _small_max, _tiled, one_thread,
+                   restore_threads)
 from .lib_common import PAR_MIN_WORK, kernel, pkernel
+from .lib_qdot import LANES, _half, _scale_min_k4, dot_rows, has_row_dot
 
 F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K = (STORAGE[t][0] for t in
                                            ("f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"))
@@ -63,17 +66,6 @@ def geometry(kind):
 
 
 # ---- dequantization (ggml-quants.c dequantize_row_*) -------------------------------------------
-@kernel
-def _half(h):
-    """float32 value of the f16 bits h: ggml's fp16 -> fp32 without F16C (ggml-impl.h): no
-    subnormal float operand, so exact under flush-to-zero too."""
-    two_w = (np.int64(h) & 0x7FFF) << 17
-    norm = _from_bits(np.int32((two_w >> 4) + (0xE0 << 23))) * np.float32(2.0 ** -112)
-    den = _from_bits(np.int32((two_w >> 17) | (126 << 23))) - np.float32(0.5)
-    v = den if two_w < (1 << 27) else norm
-    return -v if h & 0x8000 else v
-
-
 @kernel
 def _dq_f16(src, out):
     h = src.view(np.uint16)
@@ -117,15 +109,6 @@ def _dq_q4_0(src, out):
         for j in range(half):
             y[b, j] = np.float32(np.int32(q[b, j + 2] & 15) - 8) * d
             y[b, j + half] = np.float32(np.int32(q[b, j + 2] >> 4) - 8) * d
-
-
-@kernel
-def _scale_min_k4(j, s):
-    """ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 bytes s."""
-    if j < 4:
-        return np.float32(s[j] & 63), np.float32(s[j + 4] & 63)
-    return (np.float32((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4)),
-            np.float32((s[j + 4] >> 4) | ((s[j] >> 6) << 4)))
 
 
 @kernel
@@ -256,7 +239,7 @@ def _tile_rows(k):
 def _slab(m, n, k, fused):
     """float32 elements of one thread's scratch for qgemm (either transpose flag)."""
     if fused:
-        return max(k, min(n, CHUNK_COLS))              # a row of W, or a chunk of one
+        return max(k, LANES, min(n, CHUNK_COLS))       # a row of W, or a chunk of one
     rows = min(_tile_rows(k), n)                        # tb: [rows, k]
     kt = max(TILE_ROWS_MIN, TILE_ELEMS // CHUNK_COLS)   # not tb: [kt, chunk]
     return max(rows * k, min(kt, k) * min(n, CHUNK_COLS))
@@ -370,7 +353,9 @@ def _run_part(p, parts, units, fused, tb, kind, alpha, x, w, beta, out, work, sl
     s = work[p * slab:(p + 1) * slab]
     u0, u1 = _span(p, parts, units)
     n = out.shape[1]
-    if tb:
+    if tb and fused and x.shape[0] == 1 and has_row_dot(kind):    # decode: rows in one pass
+        dot_rows(kind, alpha, x[0], w, beta, out[0], s[:LANES], u0, u1)
+    elif tb:
         size = 1 if fused else min(_tile_rows(x.shape[1]), n)
         for u in range(u0, u1):
             a, b = _unit(u, size, n)
@@ -417,7 +402,11 @@ def qgemm_path(ta, tb, alpha, x, w, beta, out, kind, work, fused):
     parts = min(_pool_threads(), units, work.shape[0] // slab)
     small = _small_max()
     was = one_thread()
-    if parts > 1 and (m + 4) * n * k >= PAR_MIN_WORK:
+    if tb and fused and m == 1 and has_row_dot(kind):   # a GEMV: on the pool as blas._gemv
+        par = parts > 1 and GEMV_WEIGHT * n * k > _serial_max()
+    else:
+        par = parts > 1 and (m + 4) * n * k >= PAR_MIN_WORK
+    if par:
         for p in prange(parts):
             _run_part(p, parts, units, fused, tb, kind, alpha, x, w, beta, out, work, slab,
                       blk, nb, small)
