@@ -616,14 +616,29 @@ def _trainable(prog) -> dict:
 
 
 def _memory(prog):
-    """Trainable params, optimizer-state bytes, arena and persistent bytes of a program."""
+    """A program's memory plan: trainable params; the bytes of its weights and optimizer state
+    (the persistent region), of its arena (activations and gradients), of its kernels' scratch
+    space (workspace, after the arena) and of its output buffers."""
     g = prog.source
     size = {k: g.nodes[i].type.size for k, i in g.params.items()}   # storage types too
     st = prog.stats()
     return {"trainable_params": int(sum(size[k] for k in g.trainable_params())),
             "params": int(sum(size[k] for k in prog.params)),
+            "weights_bytes": int(sum(g.nodes[g.params[k]].type.nbytes for k in prog.params)),
             "optimizer_state_bytes": int(sum(np.asarray(v).nbytes for v in prog.state.values())),
-            "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"])}
+            "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"]),
+            "workspace_bytes": int(st.get("workspace_bytes", 0)),
+            "output_bytes": int(st["memory"]["output_bytes"])}
+
+
+def _memory_line(mem) -> str:
+    """The memory plan in one line, printed before the first step."""
+    total = sum(mem[k] for k in ("persistent_bytes", "arena_bytes", "workspace_bytes",
+                                 "output_bytes"))
+    return (f"memory plan: weights {_bytes(mem['weights_bytes'])}, optimizer state "
+            f"{_bytes(mem['optimizer_state_bytes'])}, activations and gradients (arena) "
+            f"{_bytes(mem['arena_bytes'])}, workspace {_bytes(mem['workspace_bytes'])}, outputs "
+            f"{_bytes(mem['output_bytes'])}: {_bytes(total)} in all")
 
 
 # ---- train llama -------------------------------------------------------------------------------
@@ -836,9 +851,8 @@ def _finetune(args, world):
               f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, AdamW lr "
               f"{args.lr}{f', recompute {args.recompute}' if args.recompute else ''}; compiled "
               f"in {compile_s:.2f} s")
-    say(args, f"memory: {mem['trainable_params']:,} trainable params of {mem['params']:,}, "
-              f"optimizer state {_bytes(mem['optimizer_state_bytes'])}, arena "
-              f"{_bytes(mem['arena_bytes'])}, persistent {_bytes(mem['persistent_bytes'])}")
+    say(args, f"{mem['trainable_params']:,} trainable params of {mem['params']:,}; "
+              f"{_memory_line(mem)}")
     _data_parallel_line(args, world)
 
     def adapter():
