@@ -259,3 +259,23 @@ def test_lora_finetune_on_a_q8_0_base_trains_as_on_its_f32_values(stories, tmp_p
         assert np.array_equal(pa[k], pa[k].astype(np.float16).astype(np.float32))   # F16
     _, _, params, _, _ = load_llama_checkpoint(cka)
     assert params and all(k.endswith((".lora_a", ".lora_b")) for k in params)
+
+
+def test_f32_in_file_defers_the_f32_matrices_alone(stories):
+    """read_llama(f32_in_file=True), a full finetune's base: each F32 weight matrix is a
+    FileTensor (read straight into a program, not held twice) with the bytes read_llama reads;
+    a storage-typed one is read as f32 (a full finetune trains f32) and cfg names no types."""
+    from jitgraph.formats.tensors import FileTensor
+    from jitgraph.models.llama import read_llama, write_llama
+    _, files = stories
+    f32_path = files["f16"].parent / "stories260K-f32.gguf"
+    write_llama(f32_path, *stories[0])
+    for path, deferred in ((f32_path, True), (files["f16"], False)):
+        cfg2, got, _ = read_llama(path, f32_in_file=True)
+        assert cfg2.types == ()
+        w = got["blk.0.attn_q.weight"]
+        assert isinstance(w, FileTensor) == deferred
+        assert isinstance(got["blk.0.attn_norm.weight"], np.ndarray)
+        eager = read_llama(path)[1]
+        for k in ("blk.0.attn_q.weight", "token_embd.weight"):
+            np.testing.assert_array_equal(np.asarray(got[k]), eager[k], err_msg=k)

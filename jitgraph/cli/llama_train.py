@@ -800,8 +800,9 @@ def _finetune(args, world):
         _check_outputs(args, **{"the base model": args.base})    # the recorded text too
     if args.lora_alpha is not None and args.full:
         raise ValueError("--lora-alpha applies to --lora-rank, not --full")
-    # LoRA: the frozen base stays in its file's type, read straight into the program
-    cfg, base, tok = read_llama(args.base, keep_types=not args.full)
+    # LoRA: the frozen base stays in its file's type, read straight into the program; --full:
+    # its f32 weight matrices are read straight into the program too (not held twice)
+    cfg, base, tok = read_llama(args.base, keep_types=not args.full, f32_in_file=args.full)
     if tok is None:
         raise ValueError(f"{args.base}: the model has no tokenizer in its metadata (SPM or BPE: "
                          f"tokenizer.ggml.model llama or gpt2); finetune needs it to tokenize "
