@@ -148,6 +148,8 @@ class MemoryPlan:
     gradients: dict = field(default_factory=dict)  # update boundary: param -> Slot in a bucket
     buckets: list = field(default_factory=list)   # (dtype, offset, nbytes): flat arena ranges
     pads: list = field(default_factory=list)      # (offset, nbytes) zeroed at the boundary
+    sums: dict = field(default_factory=dict)      # gemm kernel's accumulate-role member -> the
+                                                  # dying operand its GEMM accumulates into
 
     @property
     def pointers(self) -> int:
@@ -162,6 +164,7 @@ class MemoryPlan:
                 "inplace_reuses": len(self.reuses), "buffers": len(self.intervals) -
                 len(self.reuses), "persistent_bytes": self.persist_bytes,
                 "updates_in_place": len(self.inplace), "updates_copied": len(self.copies),
+                "gemm_sums_in_place": len(self.sums),
                 "input_bytes": sum(s.nbytes for s in self.inputs.values()),
                 "output_bytes": sum(s.nbytes for s in self.outputs.values()),
                 **({"gradient_bytes": sum(s.nbytes for s in self.gradients.values()),
@@ -183,7 +186,8 @@ class MemoryPlan:
                 live = f" live {first}..{last}"
             else:
                 live = " view" if op_kind(n.op) == "view" else ""
-            reuse = f" reuses {graph.label(self.reuses[nid])}" if nid in self.reuses else ""
+            reuse = f" reuses {graph.label(self.reuses[nid])}" if nid in self.reuses else \
+                f" GEMM accumulates into {graph.label(self.sums[nid])}" if nid in self.sums else ""
             where = f"{sl.region}#{sl.pointer}" if sl.region in CALLER else sl.region
             lines.append(f"  {graph.label(nid):>12} {where}@{sl.offset} +{sl.nbytes}"
                          f"{live}{reuse} : {n.type}")

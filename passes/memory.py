@@ -17,6 +17,9 @@ Arena plan (`reuse=True`), over the kernel order of passes/fuse.py:
      that kernel when it has the root's exact type (the generated loop reads element i of every
      full-shape operand before it writes element i); outputs and update sources are never
      overwritten, inputs never written. Chains of such kernels share one buffer;
+  2b. a GEMM whose product one add reads, with an operand dying there (the tied embedding's
+     gradient): the sum takes that operand's slot, and the backend accumulates the GEMM into
+     it (`MemoryPlan.sums`) instead of carrying the product in scratch space;
   3. offsets: buffers (a chain is one buffer, live over the union of its values) are placed
      largest first, each at the lowest-waste gap among the already placed buffers it is live
      with (greedy by size, best fit).
@@ -173,6 +176,33 @@ def _inplace_operand(kg, kernel, t, ivs, kept):
     return None
 
 
+def _gemm_sum(kg, kernel, t, ivs, kept):
+    """(sum, operand) when the GEMM of `kernel` can accumulate into a dying operand's buffer:
+    its product is read by one member alone, an add (fusion role "accumulate") of the product
+    and an arena value of their exact type that dies here and that no other member reads. The
+    sum then lives in that buffer and the product takes no scratch space of its own (the tied
+    embedding's gradient: the output projection's dW added to get_rows' scatter, vocab x dim
+    each). None otherwise."""
+    g = kg.graph
+    p = kernel.product
+    if kernel.kind != "gemm" or p is None or p in kg.outputs_of(kernel):
+        return None
+    readers = [m for m in kernel.nodes if any(base(g, i) == p for i in g.nodes[m].inputs)]
+    if len(readers) != 1:
+        return None
+    m = g.nodes[readers[0]]
+    if "accumulate" not in get_op(m.op).fusion or len(m.inputs) != 2 or \
+            m.id in kg.outputs_of(kernel) or p not in m.inputs:
+        return None
+    x = m.inputs[1] if m.inputs[0] == p else m.inputs[0]
+    same = g.nodes[x].type == g.nodes[p].type == m.type
+    others = any(base(g, i) == x for r in kernel.nodes if r != m.id for i in g.nodes[r].inputs)
+    if not same or x == p or base(g, x) != x or x in kernel.nodes or x not in ivs or \
+            ivs[x][1] != t or x in kept or others:
+        return None
+    return m.id, x
+
+
 def _pack(sizes, starts, ends):
     """Offsets for buffers live over [start, end] steps: largest first, each in the smallest
     gap that fits among the placed buffers live at the same time (else on top of them)."""
@@ -290,6 +320,12 @@ def plan_memory(kg, params=None, reuse=True):
             continue
         for nid in chains[h]:
             slots[nid] = Slot("arena", int(off), g.nodes[nid].type.nbytes)
+    sums = {}
+    for t, k in enumerate(kg.kernels):
+        found = _gemm_sum(kg, k, t, ivs, kept | set(grads.values())) if reuse else None
+        if found is not None:
+            sums[found[0]] = found[1]
+            slots[found[0]] = slots[found[1]]
     for nid in kg.live:
         if op_kind(g.nodes[nid].op) == "view" and base(g, nid) in slots:
             s = slots[base(g, nid)]     # a window starts its offset further in (ir.view_offset)
@@ -299,5 +335,5 @@ def plan_memory(kg, params=None, reuse=True):
     plan = MemoryPlan(slots, int(arena), persist, params, copies, inplace, reuses, ivs,
                       naive_bytes=sum(_align(g.nodes[i].type.nbytes) for i in ivs),
                       lower_bound=max(prof, default=0), inputs=ins, outputs=outs,
-                      gradients=gradients, buckets=flat, pads=pads)
+                      gradients=gradients, buckets=flat, pads=pads, sums=sums)
     return plan, Report("memory", {"plan": "reuse" if reuse else "naive", **plan.summary()})

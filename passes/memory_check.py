@@ -5,7 +5,8 @@ intervals): a value in the arena is live from the kernel that writes it (program
 the start of the step) to the last kernel that reads it or a view of it (outputs and values
 copied into params: to the end of the step). Two live values may share bytes only as an
 in-place reuse the backends support: the same slot, the root of an all-elementwise kernel over
-an operand of exactly its type that the kernel reads last and that is no output or update.
+an operand of exactly its type that the kernel reads last and that is no output or update, or
+a GEMM's sum (an add of its product) accumulated into such an operand (MemoryPlan.sums).
 A param's slot may take its update only after the param's last read, or in that last reading
 kernel when the update alone reads it there, elementwise and without broadcasting it, or as the
 operand whose buffer its op may take (OpDef.inplace: set_rows); and the param must be no output.
@@ -128,6 +129,25 @@ def _inplace_ok(g, kg, plan, old, new, span):
             g.nodes[i].type.nbytes == g.nodes[old].type.nbytes for i in reads)
 
 
+def _sum_ok(g, kg, plan, old, new, span):
+    """May `new` share `old`'s bytes as a GEMM's sum accumulated into a dying operand? `new`,
+    in a gemm kernel, adds the kernel's product (read by nothing else there) and `old`, all of
+    one type; `old` dies in that kernel, no other member reads it, and it is no output or
+    update."""
+    t = span[new][0]
+    k = kg.kernels[t]
+    n = g.nodes[new]
+    p = k.product
+    if k.kind != "gemm" or plan.slots[old] != plan.slots[new] or span[old][1] != t or \
+            span[new] != (t, t) or "accumulate" not in get_op(n.op).fusion or \
+            sorted(n.inputs) != sorted((p, old)) or p == old or old in k.nodes:
+        return False
+    kept = {_root(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
+    readers = {m for m in k.nodes for i in g.nodes[m].inputs if _root(g, i) in (p, old)}
+    return readers == {new} and old not in kept and new not in kept and \
+        g.nodes[old].type == g.nodes[p].type == n.type
+
+
 def _check_arena(g, kg, plan, span):
     """Sweep the steps; at each, sort the live values by offset and compare neighbours."""
     n = max((e for _, e in span.values()), default=-1) + 1
@@ -147,7 +167,9 @@ def _check_arena(g, kg, plan, span):
                 sr = plan.slots[reach]
                 if sv.offset < sr.offset + sr.nbytes:
                     assert _inplace_ok(g, kg, plan, reach, v, span) or \
-                        _inplace_ok(g, kg, plan, v, reach, span), \
+                        _inplace_ok(g, kg, plan, v, reach, span) or \
+                        _sum_ok(g, kg, plan, reach, v, span) or \
+                        _sum_ok(g, kg, plan, v, reach, span), \
                         f"memory plan: {g.label(reach)} {sr} live {span[reach]} and " \
                         f"{g.label(v)} {sv} live {span[v]} overlap"
             if reach is None or sv.offset + sv.nbytes > plan.slots[reach].offset + \

@@ -80,6 +80,13 @@ class ArrayMap(MutableMapping):
     def __getitem__(self, name):
         return self._view(name).copy()
 
+    def view(self, name):
+        """The array where it lives, read-only and not copied: valid until the next step
+        changes it (writing a model's weights out without a second copy of them)."""
+        v = self._view(name).view()
+        v.flags.writeable = False
+        return v
+
     def __setitem__(self, name, value):
         v = self._view(name)
         if hasattr(value, "read_into"):

@@ -205,6 +205,20 @@ def test_evaluator_shares_params_and_drops_outputs_missing_inputs(trained):
     assert_close(ev.run(x=x)["logits"], ref["logits"] + 1.0, "shifted logits")
 
 
+def test_a_params_view_is_the_program_memory_read_only(trained):
+    """Program.params.view(k): the array where it lives (a step's update shows in it), not
+    writeable; params[k] stays a copy."""
+    g, prog = trained
+    v, c = prog.params.view("w1"), prog.params["w1"]
+    np.testing.assert_array_equal(v, c)
+    assert not v.flags.writeable and c.flags.writeable
+    with pytest.raises(ValueError):
+        v[0, 0] = 1.0
+    prog.step(**batches(g, 1, seed=9)[0])
+    np.testing.assert_array_equal(v, prog.params["w1"])
+    assert not np.array_equal(v, c)
+
+
 def test_step_validates_inputs(trained):
     g, prog = trained
     b = batches(g, 1)[0]

@@ -79,6 +79,18 @@ def test_full_and_lora_finetunes_write_files_that_load(model, runs):
     n = sum(v.size for v in params.values())
     assert rf["trainable_params"] == rf["params"] == n
     assert rf["optimizer_state_bytes"] == 2 * 4 * n          # AdamW's m and v, f32
+    # the memory plan, printed before the first step: weights, optimizer state, arena, scratch
+    assert rf["weights_bytes"] == 4 * n
+    assert rf["persistent_bytes"] >= rf["weights_bytes"] + rf["optimizer_state_bytes"]
+    line = llama_train._memory_line(rf)          # what a run without --quiet prints
+    assert rf["workspace_bytes"] >= 0 and rf["output_bytes"] > 0
+    assert f"weights {llama_train._bytes(4 * n)}, optimizer state " \
+        f"{llama_train._bytes(8 * n)}, activations and gradients (arena) " \
+        f"{llama_train._bytes(rf['arena_bytes'])}, workspace " \
+        f"{llama_train._bytes(rf['workspace_bytes'])}" in line
+    total = sum(rf[k] for k in ("persistent_bytes", "arena_bytes", "workspace_bytes",
+                                "output_bytes"))
+    assert line.endswith(f": {llama_train._bytes(total)} in all")
     assert rf["ppl_after"] < rf["ppl_before"] and rf["ppl_chunks"] == 2
 
     # --lora-rank: the adapter reads back as the program's adapter params, alpha = rank

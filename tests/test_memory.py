@@ -426,3 +426,39 @@ def test_no_kernel_reads_memory_it_did_not_write(name, fuse):
         np.testing.assert_array_equal(a, b)
     for k in progs[0].params:
         np.testing.assert_array_equal(progs[0].params[k], progs[1].params[k], err_msg=k)
+
+
+def test_a_tied_weights_gradient_is_summed_where_its_scatter_lies():
+    """The tied embedding/output weight's gradient (the output GEMM's dW plus get_rows' scatter,
+    each vocab x dim) is summed in the scatter's buffer, which dies there: the GEMM accumulates
+    into it and takes no scratch space for its product; one AdamW step equals the
+    interpreter's."""
+    from jitgraph.models.llama import LlamaConfig, llama_forward
+    cfg = LlamaConfig(vocab=96, dim=16, layers=1, heads=2, ff=32, ctx=8, tied=True)
+    g = llama_forward(cfg, 1, 8, labels=True)
+    opt = optim.AdamW(lr=1e-2, weight_decay=0.1)
+    st_ = pipeline(g, opt)
+    plan, tg = st_.memory, st_.graph
+    check_plan(st_.kernels, plan)
+    embd = tg.params["token_embd.weight"]
+    assert len(plan.sums) == 1
+    (total, scatter), = plan.sums.items()
+    assert tg.nodes[total].type.shape == (96, 16) == tg.nodes[scatter].type.shape
+    assert plan.slots[total] == plan.slots[scatter]
+    assert tg.nodes[tg.updates["token_embd.weight"]].inputs[0] == embd
+    prog = jg.compile(g, loss="loss", optimizer=opt)
+    assert prog._products.memory.sums
+    # the biggest scratch left is far below the tied gradient's 96 x 16 floats
+    assert prog.stats()["workspace_bytes"] < 96 * 16 * 4
+    state = {**{k: np.array(v) for k, v in prog.params.items()},
+             **{k: np.array(v) for k, v in prog.state.items()}}
+    rng = np.random.default_rng(1)
+    b = {"tokens": rng.integers(0, 96, (1, 8)).astype(np.int32),
+         "pos": np.arange(8, dtype=np.int32),
+         "labels": rng.integers(0, 96, (1, 8)).astype(np.int32)}
+    want = interp.run(jg.training_graph(g, optimizer=opt), {**b, **opt.runtime_inputs(0)},
+                      state)
+    got = prog.step(**b)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    for k in prog.params:
+        np.testing.assert_allclose(prog.params[k], state[k], rtol=1e-4, atol=1e-6, err_msg=k)

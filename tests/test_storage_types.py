@@ -279,3 +279,23 @@ def test_llama_quantize_files_score_as_llama_perplexity(ftype, testdata):
                      batch=16, kv_f16=True)
     assert res.chunks == ref["chunks"]
     assert abs(res.ppl / ref["perplexity"][ftype] - 1) < 0.005, (res.ppl, ref["perplexity"])
+
+
+def test_f32_in_file_defers_the_f32_matrices_alone(stories):
+    """read_llama(f32_in_file=True), a full finetune's base: each F32 weight matrix is a
+    FileTensor (read straight into a program, not held twice) with the bytes read_llama reads;
+    a storage-typed one is read as f32 (a full finetune trains f32) and cfg names no types."""
+    from jitgraph.formats.tensors import FileTensor
+    from jitgraph.models.llama import read_llama, write_llama
+    _, files = stories
+    f32_path = files["f16"].parent / "stories260K-f32.gguf"
+    write_llama(f32_path, *stories[0])
+    for path, deferred in ((f32_path, True), (files["f16"], False)):
+        cfg2, got, _ = read_llama(path, f32_in_file=True)
+        assert cfg2.types == ()
+        w = got["blk.0.attn_q.weight"]
+        assert isinstance(w, FileTensor) == deferred
+        assert isinstance(got["blk.0.attn_norm.weight"], np.ndarray)
+        eager = read_llama(path)[1]
+        for k in ("blk.0.attn_q.weight", "token_embd.weight"):
+            np.testing.assert_array_equal(np.asarray(got[k]), eager[k], err_msg=k)

@@ -616,14 +616,29 @@ def _trainable(prog) -> dict:
 
 
 def _memory(prog):
-    """Trainable params, optimizer-state bytes, arena and persistent bytes of a program."""
+    """A program's memory plan: trainable params; the bytes of its weights and optimizer state
+    (the persistent region), of its arena (activations and gradients), of its kernels' scratch
+    space (workspace, after the arena) and of its output buffers."""
     g = prog.source
     size = {k: g.nodes[i].type.size for k, i in g.params.items()}   # storage types too
     st = prog.stats()
     return {"trainable_params": int(sum(size[k] for k in g.trainable_params())),
             "params": int(sum(size[k] for k in prog.params)),
+            "weights_bytes": int(sum(g.nodes[g.params[k]].type.nbytes for k in prog.params)),
             "optimizer_state_bytes": int(sum(np.asarray(v).nbytes for v in prog.state.values())),
-            "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"])}
+            "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"]),
+            "workspace_bytes": int(st.get("workspace_bytes", 0)),
+            "output_bytes": int(st["memory"]["output_bytes"])}
+
+
+def _memory_line(mem) -> str:
+    """The memory plan in one line, printed before the first step."""
+    total = sum(mem[k] for k in ("persistent_bytes", "arena_bytes", "workspace_bytes",
+                                 "output_bytes"))
+    return (f"memory plan: weights {_bytes(mem['weights_bytes'])}, optimizer state "
+            f"{_bytes(mem['optimizer_state_bytes'])}, activations and gradients (arena) "
+            f"{_bytes(mem['arena_bytes'])}, workspace {_bytes(mem['workspace_bytes'])}, outputs "
+            f"{_bytes(mem['output_bytes'])}: {_bytes(total)} in all")
 
 
 # ---- train llama -------------------------------------------------------------------------------
@@ -785,8 +800,9 @@ def _finetune(args, world):
         _check_outputs(args, **{"the base model": args.base})    # the recorded text too
     if args.lora_alpha is not None and args.full:
         raise ValueError("--lora-alpha applies to --lora-rank, not --full")
-    # LoRA: the frozen base stays in its file's type, read straight into the program
-    cfg, base, tok = read_llama(args.base, keep_types=not args.full)
+    # LoRA: the frozen base stays in its file's type, read straight into the program; --full:
+    # its f32 weight matrices are read straight into the program too (not held twice)
+    cfg, base, tok = read_llama(args.base, keep_types=not args.full, f32_in_file=args.full)
     if tok is None:
         raise ValueError(f"{args.base}: the model has no tokenizer in its metadata (SPM or BPE: "
                          f"tokenizer.ggml.model llama or gpt2); finetune needs it to tokenize "
@@ -836,9 +852,8 @@ def _finetune(args, world):
               f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, AdamW lr "
               f"{args.lr}{f', recompute {args.recompute}' if args.recompute else ''}; compiled "
               f"in {compile_s:.2f} s")
-    say(args, f"memory: {mem['trainable_params']:,} trainable params of {mem['params']:,}, "
-              f"optimizer state {_bytes(mem['optimizer_state_bytes'])}, arena "
-              f"{_bytes(mem['arena_bytes'])}, persistent {_bytes(mem['persistent_bytes'])}")
+    say(args, f"{mem['trainable_params']:,} trainable params of {mem['params']:,}; "
+              f"{_memory_line(mem)}")
     _data_parallel_line(args, world)
 
     def adapter():
@@ -847,8 +862,9 @@ def _finetune(args, world):
 
     def write_out():
         if args.full:
-            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph finetune",
-                        ftype=args.ftype)
+            # the weights where they lie, not copied: a 1B model's 4.6 GiB not held twice
+            write_llama(args.out, cfg, {k: prog.params.view(k) for k in prog.params}, tok,
+                        name="jitgraph finetune", ftype=args.ftype)
         else:
             lora_file.write_adapter(args.out, cfg, adapter(), alpha, ftype=args.ftype)
 
@@ -869,7 +885,8 @@ def _finetune(args, world):
     say(args, f"saved {args.out}")
     ppl_after = None
     if ppl:       # LoRA: the adapter applied unmerged, on the base in its file's type
-        ppl_after = _perplexity(args, cfg, dict(prog.params), tok, tail, "after") if args.full \
+        ppl_after = _perplexity(args, cfg, {k: prog.params.view(k) for k in prog.params}, tok,
+                                tail, "after") if args.full \
             else _perplexity(args, cfg, base, tok, tail, "after", (adapter(), alpha))
         say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
                   f"({ppl_after.ppl / ppl_before.ppl:.3f}x)")

@@ -396,7 +396,7 @@ def _not_a_model(md: dict) -> None:
                          "with --resume (finetune's --out, or train llama's --out, is the model)")
 
 
-def read_llama(path, keep_types: bool = False):
+def read_llama(path, keep_types: bool = False, f32_in_file: bool = False):
     """(LlamaConfig, params {GGUF name: f32 array, numpy layout}, Tokenizer or None) from a
     llama.cpp GGUF model of an architecture of jitgraph/models/arch.py (the tokenizer: SPM for
     tokenizer.ggml.model = llama, BPE for gpt2; None without one). The header is bounds-checked
@@ -408,7 +408,9 @@ def read_llama(path, keep_types: bool = False):
     is read; each weight matrix of type F32 or a storage type (types.STORAGE: F16, BF16, Q8_0,
     Q4_0, Q4_K, Q5_K, Q6_K) is a formats.tensors.FileTensor, which a compiled program reads
     straight into its memory, and cfg.types names the storage-typed ones (the graph builders
-    give those params that type); other tensors (norms, biases, other types) are read as f32."""
+    give those params that type); other tensors (norms, biases, other types) are read as f32.
+    f32_in_file=True (a full finetune's base): the F32 weight matrices alone are FileTensors,
+    so a program's weights are not held twice at load; others are read as f32 arrays."""
     import gguf
 
     from ..errors import ModelFormatError
@@ -444,7 +446,8 @@ def read_llama(path, keep_types: bool = False):
                     raise ValueError(f"tensor {name} has shape {shape} (numpy order), the "
                                      f"config says {want[name]}")
                 kept = "f32" if ttype == gguf.GGMLQuantizationType.F32 else storage_name(ttype)
-                if keep_types and kept and len(shape) == 2:
+                if len(shape) == 2 and (keep_types and kept or
+                                        f32_in_file and kept == "f32"):
                     params[name] = FileTensor(path, name, int(start), TensorType(kept, shape))
                     if kept != "f32":
                         types[name] = kept

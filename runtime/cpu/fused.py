@@ -226,6 +226,11 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     # updating that in place was no faster.
     carrier = prod if prod in kernel.outputs and \
         not any(_overlap(slot_of(prod), s) for s in ins) else None
+    # the memory plan put an add of the product in a dying operand's slot (MemoryPlan.sums):
+    # the GEMMs accumulate into that buffer (beta = 1) and the epilogue reads the sum there
+    total, beta = _sum_in_place(g, kernel, epi, slot_of), "0.0"
+    if total is not None:
+        carrier, beta, epi, prod = total, "1.0", tuple(m for m in epi if m != total), total
     outs = tuple(m for m in kernel.outputs if (m != prod or carrier != prod) and m not in pro)
     shape, _ = collapse(n.type.shape, [g.nodes[i].type.shape for i in externals(g, epi, b.vals)
                                        if i != prod])
@@ -250,9 +255,9 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     qwork = max((q for q in qwork if q is not None), key=lambda q: q.size, default=None)
     qname = b.arg(qwork, "w") if qwork is not None else None
     if wt is not None:                               # w's transpose after the carrier's bytes
-        b.lines += [f"gemm_bt_{dt}(1.0, {xa}, {wa}, 0.0, {ca}, {b.arg(wt, 'w')})"]
+        b.lines += [f"gemm_bt_{dt}(1.0, {xa}, {wa}, {beta}, {ca}, {b.arg(wt, 'w')})"]
     else:
-        b.lines += [gemm_text(g, n, xa, wa, "0.0", ca, qname)]
+        b.lines += [gemm_text(g, n, xa, wa, beta, ca, qname)]
     for m, _ in kernel.accumulate:
         mn = g.nodes[m]
         w2, xv2, dims = matmul_operands(g, mn)
@@ -271,6 +276,20 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     call.imports = (f"from jitgraph.runtime.cpu.blas import gemm_{dt}, gemm_bt_{dt}",) + \
         (("from jitgraph.runtime.cpu import library as lib",) if qwork is not None else ())
     return call
+
+
+def _sum_in_place(g, kernel, epi, slot_of):
+    """The epilogue member, no output of the kernel, that the memory plan placed in the slot
+    of its other operand (an add of the product and a value dying here: passes/memory.py
+    `_gemm_sum`), or None."""
+    for m in epi:
+        ins = g.nodes[m].inputs
+        if kernel.product in ins and len(ins) == 2 and m not in kernel.outputs and \
+                slot_of(m) is not None:         # a member in registers has no slot but this
+            x = ins[1] if ins[0] == kernel.product else ins[0]
+            if x != kernel.product and slot_of(x) == slot_of(m):
+                return m
+    return None
 
 
 # ---- reduction with an elementwise prologue -------------------------------------------------------
