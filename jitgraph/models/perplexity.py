@@ -121,12 +121,21 @@ class PerplexityResult:
 
 
 # ---- the method ---------------------------------------------------------------------------------
-def nll_of_logits(logits, targets) -> np.ndarray:
-    """-log softmax(logits)[target] in float64: logits [..., vocab], targets [...] -> [...]."""
-    x = np.asarray(logits, np.float64)
-    m = x.max(-1, keepdims=True)
-    lse = np.log(np.exp(x - m).sum(-1)) + m[..., 0]
-    return lse - np.take_along_axis(x, np.asarray(targets)[..., None], -1)[..., 0]
+def nll_of_logits(logits, targets, rows: int = 16) -> np.ndarray:
+    """-log softmax(logits)[target] in float64: logits [..., vocab], targets [...] -> [...],
+    `rows` rows at a time, on views (a 128k vocabulary's float64 temporaries stay a few MB)."""
+    logits, targets = np.asarray(logits), np.asarray(targets)
+    if logits.ndim == 1:
+        return nll_of_logits(logits[None], targets[None], rows)[0]
+    out = np.empty(targets.shape, np.float64)
+    for idx in np.ndindex(targets.shape[:-1]):
+        x2, t2, o2 = logits[idx], targets[idx], out[idx]
+        for i in range(0, x2.shape[0], rows):
+            x = np.asarray(x2[i:i + rows], np.float64)
+            m = x.max(-1, keepdims=True)
+            lse = np.log(np.exp(x - m).sum(-1)) + m[:, 0]
+            o2[i:i + rows] = lse - np.take_along_axis(x, t2[i:i + rows, None], -1)[:, 0]
+    return out
 
 
 def _load(model):
