@@ -4,7 +4,11 @@ text with compiled kernels.
 Both training commands share one loop (LMTrainer, _fit): random windows of ctx + 1 tokens from
 the first 90 % of the text's bytes, validation on 20 fixed batches of windows from the last 10 %
 (jitgraph.models.text), AdamW, gradient accumulation (--logical-batch), gradient checkpointing
-(--recompute), a progress bar, and resumable checkpoints. Ctrl-C and SIGTERM are deferred to the
+(--recompute), a progress bar, and resumable checkpoints. `finetune --epochs N` runs
+llama.cpp's workflow instead (_fit_epochs, on the core's jitgraph.training.fit): every window
+of ctx tokens of the whole text at a stride of ctx/2, in order, the last --val-split of them
+validating after each epoch, ggml-opt's loss and accuracy with their uncertainties, AdamW or
+SGD, llama.cpp's per-epoch exponential learning-rate decay; one process only. Ctrl-C and SIGTERM are deferred to the
 end of the running step: the checkpoint (and for finetune the output) is saved, then the command
 exits 130 / 143.
 
