@@ -71,7 +71,8 @@ def main():
     print(f"losses of steps 1 and 2 (llama-finetune prints the same): {l1:.5f} {l2:.5f}")
     r = gguf.GGUFReader(args.llamacpp_out)
     lc = {t.name: np.array(t.data, np.float32).reshape(w0[t.name].shape) for t in r.tensors}
-    print(f"token_embd moved: {not np.array_equal(lc['token_embd.weight'], w0['token_embd.weight'])}")
+    moved = not np.array_equal(lc["token_embd.weight"], w0["token_embd.weight"])
+    print(f"token_embd moved: {moved}")
     for name, f in FORMS.items():
         med, mx, agree = [], [], []
         for k in g1:

@@ -8,14 +8,15 @@ the first 90 % of the text's bytes, validation on 20 fixed batches of windows fr
 llama.cpp's workflow instead (_fit_epochs, on the core's jitgraph.training.fit): every window
 of ctx tokens of the whole text at a stride of ctx/2, in order, the last --val-split of them
 validating after each epoch, ggml-opt's loss and accuracy with their uncertainties, AdamW or
-SGD, llama.cpp's per-epoch exponential learning-rate decay; one process only. Ctrl-C and SIGTERM are deferred to the
-end of the running step: the checkpoint (and for finetune the output) is saved, then the command
-exits 130 / 143.
+SGD, llama.cpp's per-epoch exponential learning-rate decay; one process only. Ctrl-C and
+SIGTERM are deferred to the end of the running step: the checkpoint (and for finetune the
+output) is saved, then the command exits 130 / 143.
 
 A llama training checkpoint (jitgraph/formats/llama_checkpoint.py) holds the options that shape
-the run, the program's call count, the window sampler's RNG state, the step and the loss curve
-besides the params and the optimizer state. Resuming restores all of it, so k steps, a
-checkpoint and N - k more steps give bitwise the params of N steps straight.
+the run, the program's call count, the window sampler's RNG state (--epochs: the epoch and the
+windows done in it), the step and the loss curve besides the params and the optimizer state.
+Resuming restores all of it, so k steps, a checkpoint and N - k more steps give bitwise the
+params of N steps straight.
 
 Under `mpiexec -n N` both commands train data-parallel (jitgraph/distributed.py, as `train
 mnist-fc` does): --batch-size (and --logical-batch) stay the global batch, every rank draws the
@@ -66,7 +67,7 @@ FINETUNE_RESUMED = ("text", "full", "lora_rank", "lora_alpha", "lora_targets", "
                     "no_fuse", "no_plan", "optimizer", "val_split", "lr_min", "decay_epochs")
 # finetune's options of llama.cpp's workflow, which need --epochs
 EPOCH_ONLY = ("val_split", "lr_min", "decay_epochs")
-VAL_SPLIT = 0.05                   # --val-split's default with --epochs (llama-finetune's -val-split)
+VAL_SPLIT = 0.05                   # --val-split's default with --epochs (llama-finetune's)
 # --lora-targets names -> the projection's GGUF tensor name part (q k v o gate up down)
 LORA_TARGETS = SHORTHANDS
 # the model `train llama` builds by default (the issue's training target) and `dump llama` shows
