@@ -637,6 +637,7 @@ def _fit_epochs(args, trainer, save, curve):
     log = open_log(args, "jitgraph finetune")
     opt = _optimizer(args, acc, trainer.n_train // trainer.logical_batch)
     t_start, ran, pending = prog.seconds, [0], []
+    mark = [t_start, 0]                  # the training seconds and steps at the epoch's start
 
     def on_step(loss):
         pending.append(loss)
@@ -664,10 +665,12 @@ def _fit_epochs(args, trainer, save, curve):
         if log:
             log.eval(s, vl, train_loss=tl, accuracy=va,
                      perplexity=math.exp(vl) if vl < 709 else None)
-        sec = prog.seconds - t_start
-        rate = trainer.tokens_per_step * ran[0] / sec if sec else math.nan
+        # this epoch's steps alone (a resumed epoch: those run since the resume)
+        sec, n = prog.seconds - mark[0], ran[0] - mark[1]
+        mark[:] = [prog.seconds, ran[0]]
+        rate = trainer.tokens_per_step * n / sec if sec else math.nan
         say(args, f"epoch {ep.epoch}/{args.epochs}: train {ep.train}  val {ep.val}  "
-                  f"({1e3 * sec / max(ran[0], 1):.1f} ms/step, {rate:,.0f} tokens/s)")
+                  f"({1e3 * sec / max(n, 1):.1f} ms/step, {rate:,.0f} tokens/s)")
         save()
 
     with _Deferred() as signals:
