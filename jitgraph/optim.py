@@ -118,3 +118,44 @@ class AdamW(Adam):
     """Adam with decoupled weight decay (ggml_opt_step_adamw): p <- p * (1 - lr*wd) - lr * ..."""
     weight_decay: float = 0.01
     decoupled: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class EpochDecay:
+    """llama.cpp's learning-rate schedule (common/common.cpp lr_opt): constant within an epoch;
+    epoch e (0-based) runs at lr0 * 0.5^(e * log2(lr0 / lr_min) / E), i.e. lr0 * (lr_min /
+    lr0)^(e / E), and at lr_min from epoch E on, where E = decay_epochs when 0 < decay_epochs <
+    epochs, else epochs. Computed in float32 as llama.cpp does. Called with the 1-based
+    optimizer step t (an Optimizer's lr): epoch (t - 1) // steps_per_epoch."""
+    lr0: float
+    lr_min: float
+    epochs: int
+    steps_per_epoch: int
+    decay_epochs: float = -1.0
+
+    def __post_init__(self):
+        if not (_is_nonneg(self.lr0) and self.lr0 > 0):
+            raise ValueError(f"EpochDecay: lr0 must be > 0, got {self.lr0!r}")
+        if not (_is_nonneg(self.lr_min) and 0 < self.lr_min < self.lr0):
+            raise ValueError(f"EpochDecay: lr_min must be in (0, lr0 = {self.lr0}), got "
+                             f"{self.lr_min!r}")
+        if self.epochs < 1 or self.steps_per_epoch < 1:
+            raise ValueError(f"EpochDecay: epochs {self.epochs} and steps_per_epoch "
+                             f"{self.steps_per_epoch} must be >= 1")
+
+    @property
+    def span(self) -> float:
+        """E: the epochs over which the rate decays."""
+        d = self.decay_epochs
+        return float(np.float32(d)) if 0 < d < self.epochs else float(self.epochs)
+
+    def at_epoch(self, epoch) -> float:
+        f = np.float32
+        if epoch >= self.span:
+            return float(f(self.lr_min))
+        nhalf = f(np.log(f(self.lr0) / f(self.lr_min))) / f(np.log(f(2.0)))
+        scale = nhalf / f(self.span)
+        return float(f(self.lr0) * np.power(f(0.5), f(epoch) * scale))
+
+    def __call__(self, step: int) -> float:
+        return self.at_epoch((int(step) - 1) // self.steps_per_epoch)

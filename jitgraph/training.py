@@ -19,11 +19,14 @@ import numpy as np
 
 @dataclass
 class Result:
-    """Loss and accuracy over one pass (ggml_opt_result): per-batch losses, samples, correct."""
+    """Loss and accuracy over one pass (ggml_opt_result): per-batch losses, samples, correct.
+    `unit`: predictions per sample (a language model's window of ctx tokens: ctx), which
+    `correct` counts."""
     losses: list = field(default_factory=list)
     ndata: int = 0
     ncorrect: int = 0
     sizes: list = field(default_factory=list)     # samples in each batch
+    unit: int = 1
 
     def add(self, loss: float, n: int, correct=None):
         self.losses.append(float(loss))
@@ -51,10 +54,11 @@ class Result:
 
     def accuracy(self):
         """Fraction correct and its standard error (ggml_opt_result_accuracy)."""
-        if self.ncorrect < 0 or self.ndata == 0:
+        n = self.ndata * self.unit
+        if self.ncorrect < 0 or n == 0:
             return math.nan, math.nan
-        acc = self.ncorrect / self.ndata
-        unc = math.sqrt(acc * (1 - acc) / (self.ndata - 1)) if self.ndata >= 2 else math.nan
+        acc = self.ncorrect / n
+        unc = math.sqrt(acc * (1 - acc) / (n - 1)) if n >= 2 else math.nan
         return acc, unc
 
     def summary(self) -> dict:
@@ -78,11 +82,11 @@ def _feeds(xb, yb, names=("x", "y")):
     return {names[0]: xb, names[1]: yb}
 
 
-def _bar(total, desc, progress):
+def _bar(total, desc, progress, initial=0):
     from tqdm import tqdm
     enabled = sys.stderr.isatty() if progress is None else bool(progress)
-    return tqdm(total=total, desc=desc, unit="sample", disable=not enabled, leave=True,
-                dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=total, initial=initial, desc=desc, unit="sample", disable=not enabled,
+                leave=True, dynamic_ncols=True, file=sys.stderr)
 
 
 def run_epoch(fn, ds, idx, batch_size, result, bar=None, partial=False, world=None, after=None):
@@ -127,7 +131,7 @@ def merge(result, world) -> Result:
     if world is None:
         return result
     parts = world.allgather((result.losses, result.sizes, result.ncorrect), "merging figures")
-    out = Result()
+    out = Result(unit=result.unit)
     n = max(len(p[0]) for p in parts)
     for j in range(n):
         got = [(p[0][j], p[1][j]) for p in parts if j < len(p[0])]
@@ -202,66 +206,90 @@ def train_samples(n, batch_size, logical_batch, val_split) -> int:
 
 
 class Trainer:
-    """State of a `fit` run that can be checkpointed: the program, the epoch, the data RNG."""
+    """State of a `fit` run that can be checkpointed: the program, the epoch, the data RNG, the
+    training batches done in the running epoch (`batch`) and their figures (`partial`)."""
 
     def __init__(self, program, dataset, *, batch_size, logical_batch=None, val_split=0.0,
-                 seed=0, world=None):
+                 seed=0, world=None, shuffle=True, n_train=None, inputs=None, unit=1):
         """`batch_size`, `logical_batch`: global sizes; `program` runs this rank's slice of a
         batch when `world` (jitgraph.distributed.World) is given (compile it with
-        hook=world.hook), the whole batch otherwise."""
+        hook=world.hook), the whole batch otherwise. `shuffle=False` walks the training
+        samples in their order every epoch (llama-finetune's); `n_train` (samples, rounded
+        down to whole logical batches) replaces `val_split`'s count; `inputs(feeds)` maps the
+        feeds {"x", "y"} to the program's inputs (default: as they are); `unit`: predictions
+        per sample (Result.unit)."""
         n = len(dataset)
         self.world = world
         lb = logical_batch or batch_size
-        self.n_train = train_samples(n, batch_size, lb, val_split)
+        if n_train is None:
+            self.n_train = train_samples(n, batch_size, lb, val_split)
+        else:
+            train_samples(n, batch_size, lb, 0.0)            # the sizes' own errors
+            self.n_train = int(n_train) // lb * lb
+            if self.n_train == 0:
+                raise ValueError(f"{n_train} training samples make no logical batch of {lb}")
         self.program, self.dataset = program, dataset
         self.batch_size, self.logical_batch = batch_size, lb
+        self.shuffle = bool(shuffle)
+        self.inputs = inputs or (lambda feeds: feeds)
         self.rng = np.random.default_rng(seed)
-        self.order = self.rng.permutation(n) if lb < n else np.arange(n)
+        self.order = self.rng.permutation(n) if self.shuffle and lb < n else np.arange(n)
         self.epoch = 0
+        self.unit = int(unit)
+        self.batch, self.partial = 0, Result(unit=self.unit)
         self.evaluator = program.evaluator()
         first = self.order[:batch_size if world is None else world.local_batch(batch_size)]
         # compile the evaluator now, not inside epoch timing
-        self.evaluator.run(**_feeds(dataset.x[first], dataset.y[first]))
+        self.evaluator.run(**self.inputs(_feeds(dataset.x[first], dataset.y[first])))
 
     def run_one_epoch(self, progress=None, on_step=None) -> EpochLog:
-        """One epoch: training, then validation. `on_step(loss)` is called after each
-        training batch with its loss (this rank's, under MPI)."""
+        """One epoch: training, then validation; a checkpointed epoch (`batch` > 0) continues
+        after its last training batch. `on_step(loss)` is called after each training batch
+        with its loss (this rank's, under MPI)."""
         t0 = time.perf_counter()
-        train_idx = self.order[:self.n_train]
-        if self.logical_batch < self.n_train:
-            train_idx = train_idx[self.rng.permutation(self.n_train)]
-            self.order[:self.n_train] = train_idx
-        tr, va = Result(), Result()
+        if self.batch == 0:
+            self.partial = Result(unit=self.unit)
+            if self.shuffle and self.logical_batch < self.n_train:
+                train_idx = self.order[:self.n_train]
+                self.order[:self.n_train] = train_idx[self.rng.permutation(self.n_train)]
+        done = self.batch * self.batch_size
+        train_idx = self.order[done:self.n_train]
+        tr, va = self.partial, Result(unit=self.unit)
         w = self.world
         check = None if w is None or not w.check_every else \
             (lambda: w.maybe_check(self.program))
-        after = check
-        if on_step is not None:
-            def after():
-                if check is not None:
-                    check()
+
+        def after():
+            self.batch += 1
+            if check is not None:
+                check()
+            if on_step is not None:
                 on_step(tr.losses[-1])
-        with _bar(len(train_idx), f"epoch {self.epoch + 1} train", progress) as bar:
-            run_epoch(lambda f: self.program.step(**f), self.dataset, train_idx,
+        with _bar(self.n_train, f"epoch {self.epoch + 1} train", progress, done) as bar:
+            run_epoch(lambda f: self.program.step(**self.inputs(f)), self.dataset, train_idx,
                       self.batch_size, tr, bar, world=w, after=after)
         val_idx = self.order[self.n_train:]
         if len(val_idx):                  # every validation sample, a last partial batch too
             if len(val_idx) % self.batch_size:
                 check_partial_scoring(self.evaluator)
             with _bar(len(val_idx), f"epoch {self.epoch + 1} val", progress) as bar:
-                run_epoch(lambda f: self.evaluator.run(**f), self.dataset, val_idx,
-                          self.batch_size, va, bar, partial=True, world=w)
+                run_epoch(lambda f: self.evaluator.run(**self.inputs(f)), self.dataset,
+                          val_idx, self.batch_size, va, bar, partial=True, world=w)
         tr, va = merge(tr, w), merge(va, w)
         self.epoch += 1
+        self.batch, self.partial = 0, Result(unit=self.unit)
         return EpochLog(self.epoch, tr, va, time.perf_counter() - t0)
 
 
 def fit(model, dataset, *, epochs=1, batch_size=None, logical_batch=None, val_split=0.0,
-        optimizer=None, seed=0, callbacks=(), progress=None, loss="loss", **compile_options):
+        optimizer=None, seed=0, callbacks=(), progress=None, loss="loss", trainer=None,
+        on_step=None, shuffle=True, n_train=None, inputs=None, unit=1, **compile_options):
     """Train `model` (a graph with inputs x, y and outputs loss [, correct], or a compiled
     training program) on `dataset` for `epochs`. A logical batch larger than the graph's batch
     uses gradient accumulation. Returns the list of EpochLog (train and validation results).
-    Each callback is called as `callback(trainer, epoch_log)` after every epoch."""
+    Each callback is called as `callback(trainer, epoch_log)` after every epoch, `on_step(loss)`
+    after every training batch. `trainer`: a Trainer to continue (a restored checkpoint: its
+    epoch counts towards `epochs`); `shuffle`, `n_train`, `inputs`, `unit`: see Trainer."""
     from .ir import Graph
     program = model
     if isinstance(model, Graph):
@@ -278,13 +306,15 @@ def fit(model, dataset, *, epochs=1, batch_size=None, logical_batch=None, val_sp
         if acc > 1:
             opt = dataclasses.replace(opt, accumulate=acc)
         program = jg_compile(model, loss=loss, optimizer=opt, **compile_options)
-    if batch_size is None:
-        raise ValueError("fit: batch_size is required with a compiled program")
-    trainer = Trainer(program, dataset, batch_size=batch_size, logical_batch=logical_batch,
-                      val_split=val_split, seed=seed)
+    if trainer is None:
+        if batch_size is None:
+            raise ValueError("fit: batch_size is required with a compiled program")
+        trainer = Trainer(program, dataset, batch_size=batch_size, logical_batch=logical_batch,
+                          val_split=val_split, seed=seed, shuffle=shuffle, n_train=n_train,
+                          inputs=inputs, unit=unit)
     logs = []
-    for _ in range(epochs):
-        log = trainer.run_one_epoch(progress)
+    while trainer.epoch < epochs:
+        log = trainer.run_one_epoch(progress, on_step)
         logs.append(log)
         for cb in callbacks:
             cb(trainer, log)

@@ -4,14 +4,19 @@ text with compiled kernels.
 Both training commands share one loop (LMTrainer, _fit): random windows of ctx + 1 tokens from
 the first 90 % of the text's bytes, validation on 20 fixed batches of windows from the last 10 %
 (jitgraph.models.text), AdamW, gradient accumulation (--logical-batch), gradient checkpointing
-(--recompute), a progress bar, and resumable checkpoints. Ctrl-C and SIGTERM are deferred to the
-end of the running step: the checkpoint (and for finetune the output) is saved, then the command
-exits 130 / 143.
+(--recompute), a progress bar, and resumable checkpoints. `finetune --epochs N` runs
+llama.cpp's workflow instead (_fit_epochs, on the core's jitgraph.training.fit): every window
+of ctx tokens of the whole text at a stride of ctx/2, in order, the last --val-split of them
+validating after each epoch, ggml-opt's loss and accuracy with their uncertainties, AdamW or
+SGD, llama.cpp's per-epoch exponential learning-rate decay; one process only. Ctrl-C and
+SIGTERM are deferred to the end of the running step: the checkpoint (and for finetune the
+output) is saved, then the command exits 130 / 143.
 
 A llama training checkpoint (jitgraph/formats/llama_checkpoint.py) holds the options that shape
-the run, the program's call count, the window sampler's RNG state, the step and the loss curve
-besides the params and the optimizer state. Resuming restores all of it, so k steps, a
-checkpoint and N - k more steps give bitwise the params of N steps straight.
+the run, the program's call count, the window sampler's RNG state (--epochs: the epoch and the
+windows done in it), the step and the loss curve besides the params and the optimizer state.
+Resuming restores all of it, so k steps, a checkpoint and N - k more steps give bitwise the
+params of N steps straight.
 
 Under `mpiexec -n N` both commands train data-parallel (jitgraph/distributed.py, as `train
 mnist-fc` does): --batch-size (and --logical-batch) stay the global batch, every rank draws the
@@ -59,7 +64,10 @@ TRAIN_RESUMED = ("text", "vocab", "dim", "layers", "heads", "kv_heads", "ff", "c
                  "no_fuse", "no_plan")
 FINETUNE_RESUMED = ("text", "full", "lora_rank", "lora_alpha", "lora_targets", "ctx",
                     "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
-                    "no_fuse", "no_plan")
+                    "no_fuse", "no_plan", "optimizer", "val_split", "lr_min", "decay_epochs")
+# finetune's options of llama.cpp's workflow, which need --epochs
+EPOCH_ONLY = ("val_split", "lr_min", "decay_epochs")
+VAL_SPLIT = 0.05                   # --val-split's default with --epochs (llama-finetune's)
 # --lora-targets names -> the projection's GGUF tensor name part (q k v o gate up down)
 LORA_TARGETS = SHORTHANDS
 # the model `train llama` builds by default (the issue's training target) and `dump llama` shows
@@ -168,9 +176,11 @@ def _loop_options(p, steps):
     p.add_argument("--steps", type=int_at_least(1), default=steps, metavar="N",
                    help="optimizer steps in all (with --resume: counting the checkpoint's)")
     p.add_argument("--lr", type=float_in(0, lo_open=True), default=1e-3,
-                   help="AdamW learning rate (constant)")
+                   help="learning rate (constant; finetune --epochs with --lr-min: the first "
+                        "epoch's)")
     p.add_argument("--weight-decay", type=float_in(0), default=0.0, metavar="WD",
-                   help="AdamW's decoupled weight decay")
+                   help="decoupled weight decay: w * (1 - lr * WD) before the update (AdamW, "
+                        "and SGD as ggml's)")
     p.add_argument("--eval-every", type=int_at_least(1), default=100, metavar="N",
                    help=f"validate every N steps and at the end: the mean loss of {VAL_BATCHES} "
                         f"fixed batches of held-out windows")
@@ -243,6 +253,23 @@ def add_finetune(p):
     p.add_argument("--ctx", type=int_at_least(2), default=128, metavar="C",
                    help="tokens per training window and per perplexity chunk")
     _loop_options(p, steps=300)
+    e = p.add_argument_group("llama.cpp's workflow (llama-finetune's data set, epochs and "
+                             "schedule)")
+    e.add_argument("--epochs", type=int_at_least(1), default=None, metavar="N",
+                   help="train N epochs over every window of --ctx tokens of the whole text at "
+                        "a stride of ctx/2 (llama.cpp's data set), in order; the last "
+                        "--val-split of the windows validate after each epoch; not with --steps")
+    e.add_argument("--val-split", type=float_in(0, 1, hi_open=True), default=None, metavar="F",
+                   help=f"with --epochs: the last fraction F of the windows validate "
+                        f"(default {VAL_SPLIT})")
+    e.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="adamw (ggml's: beta1 0.9, beta2 0.999, eps 1e-8) or sgd (no momentum)")
+    e.add_argument("--lr-min", type=float_in(0, lo_open=True), default=None, metavar="LR",
+                   help="with --epochs: decay the learning rate exponentially per epoch from "
+                        "--lr to LR (llama.cpp's -lr-min); default: constant")
+    e.add_argument("--decay-epochs", type=float_in(0, lo_open=True), default=None, metavar="E",
+                   help="with --lr-min: reach it after E epochs (llama.cpp's -decay-epochs); "
+                        "default: --epochs")
     p.add_argument("--ppl-chunks", type=int_at_least(2), default=None, metavar="N",
                    help="score at most N chunks of the held-out split in the perplexity before "
                         "and after (faster, less precise); default: every chunk")
@@ -347,6 +374,11 @@ class LMTrainer:
         self.sampler.state = meta["rng"]
         self.window = [float(v) for v in meta.get("window", [])]
 
+    def position(self) -> dict:
+        """Where the run is, for a checkpoint: the sampler's state, the losses since the last
+        evaluation."""
+        return {"rng": self.sampler.state, "window": self.window}
+
 
 class _Deferred:
     """SIGINT and SIGTERM noted while a step runs and raised at the next `check()` (after the
@@ -449,6 +481,206 @@ def _fit(args, trainer, save, curve):
     return {"seconds": seconds, "steps": ran}
 
 
+# ---- finetune --epochs: llama.cpp's workflow on the core's fit -----------------------------------
+def _epoch_options(args, world):
+    """Usage errors of --epochs and its options, before anything is read; --val-split's
+    default."""
+    given = getattr(args, "given", set())
+    if args.epochs is None:
+        bad = [k for k in EPOCH_ONLY if getattr(args, k) is not None]
+        if bad:
+            args.parser.error(f"argument --{bad[0].replace('_', '-')}: needs --epochs (llama.cpp's "
+                              f"windows and split; --steps draws random windows of the first "
+                              f"90 %% of the bytes)")
+        return
+    if "steps" in given:
+        args.parser.error("argument --epochs: not allowed with argument --steps (--epochs walks "
+                          "every window of the text N times, --steps draws random windows; give "
+                          "one of them)")
+    if args.decay_epochs is not None and args.lr_min is None:
+        args.parser.error("argument --decay-epochs: needs --lr-min (the rate it decays to)")
+    if args.lr_min is not None and args.lr_min >= args.lr:
+        args.parser.error(f"argument --lr-min: must be below --lr {args.lr} (it is the rate the "
+                          f"schedule decays to), got {args.lr_min}")
+    if world is not None:
+        raise ValueError("--epochs: runs in one process; data-parallel training under mpiexec "
+                         "takes --steps")
+    if args.val_split is None:
+        args.val_split = VAL_SPLIT
+
+
+def _epoch_windows(args, data, tok, what, cfg):
+    """llama-finetune's data set of the whole text: its tokens with BOS (the file's last
+    newline dropped, as llama.cpp's -f does), windows of --ctx at a stride of ctx/2, the last
+    --val-split of them held out. (StridedWindows, training windows)."""
+    from ..models.text import StridedWindows, llama_split
+    text = data[:-1] if data.endswith(b"\n") else data
+    tokens = np.asarray(tok.encode(text, bos=tok.add_bos), np.int32)
+    windows = StridedWindows(tokens, args.ctx, what=what)
+    n = len(windows)
+    n_train = llama_split(n, args.val_split)
+    lb = args.logical_batch or args.batch_size
+    if n_train < lb:
+        raise ValueError(f"--val-split {args.val_split}: {what} makes {n} windows of --ctx "
+                         f"{args.ctx} (stride {windows.stride}), {n_train} of them to train, "
+                         f"fewer than one batch of {lb}; use a smaller --ctx, --batch-size or "
+                         f"--val-split, or a longer text")
+    say(args, f"base: {args.base} ({cfg.layers} layers, width {cfg.dim}, vocab {cfg.vocab}); "
+              f"text: {what} ({len(data):,} bytes, {len(tokens):,} tokens): {n} windows of "
+              f"{args.ctx} tokens at a stride of {windows.stride}, {n_train} train, "
+              f"{n - n_train} validate (--val-split {args.val_split})")
+    # whole logical batches train (the windows left over validate, as ggml_opt_fit's split)
+    # and whole batches validate: a last partial batch of windows is left out
+    n_tr = n_train // lb * lb
+    keep = n_tr + (n - n_tr) // args.batch_size * args.batch_size
+    if keep < n or n_tr < n_train:
+        say(args, f"note: --batch-size {args.batch_size}, --logical-batch {lb}: {n_tr} windows "
+                  f"train, {keep - n_tr} validate, {n - keep} left out (whole batches only)")
+        windows.starts = windows.starts[:keep]
+    return windows, n_tr
+
+
+def _optimizer(args, acc, steps_per_epoch=1):
+    """The optimizer of the options: AdamW or SGD, the learning rate constant or llama.cpp's
+    per-epoch decay (--lr-min, --decay-epochs)."""
+    from .. import optim
+    lr = args.lr
+    if getattr(args, "lr_min", None) is not None:
+        lr = optim.EpochDecay(args.lr, args.lr_min, args.epochs, max(1, steps_per_epoch),
+                              args.decay_epochs if args.decay_epochs is not None else -1.0)
+    kind = optim.SGD if getattr(args, "optimizer", "adamw") == "sgd" else optim.AdamW
+    return kind(lr=lr, weight_decay=args.weight_decay, accumulate=acc)
+
+
+def _optimizer_line(args):
+    name = "SGD" if getattr(args, "optimizer", "adamw") == "sgd" else "AdamW"
+    if getattr(args, "lr_min", None) is not None:
+        e = args.decay_epochs if args.decay_epochs is not None else args.epochs
+        return f"{name} lr {args.lr} decaying to {args.lr_min} over {e:g} epochs"
+    return f"{name} lr {args.lr}"
+
+
+class _Timed:
+    """A program whose training steps are timed (`seconds`: their sum), for tokens/s."""
+
+    def __init__(self, program):
+        self._p, self.seconds, self.last = program, 0.0, 0.0
+
+    def step(self, **inputs):
+        t0 = time.perf_counter()
+        out = self._p.step(**inputs)
+        self.last = time.perf_counter() - t0
+        self.seconds += self.last
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)
+
+    @property
+    def calls(self):
+        return self._p.calls
+
+    @calls.setter
+    def calls(self, v):
+        self._p.calls = v
+
+
+def _epoch_trainer(args, prog, windows, n_train):
+    from ..training import Trainer
+
+    class EpochTrainer(Trainer):
+        """jitgraph.training.Trainer over llama.cpp's windows, in order (no shuffle), with what
+        finetune's checkpoint and summary read."""
+        world, window = None, []
+
+        @property
+        def step(self):                 # optimizer steps done
+            return self.program.calls // self.accumulate
+
+        def position(self):
+            return {"epoch": self.epoch, "batch": self.batch,
+                    "partial": {"losses": self.partial.losses, "sizes": self.partial.sizes,
+                                "ncorrect": self.partial.ncorrect}}
+
+        def restore(self, params, state, meta):
+            trainable = set(self.program.source.trainable_params())
+            for k, v in params.items():
+                if k in trainable:
+                    self.program.params[k] = v
+            for k, v in state.items():
+                self.program.state[k] = v
+            self.program.calls = meta["calls"]
+            self.epoch, self.batch = meta["epoch"], meta["batch"]
+            part = meta["partial"]
+            self.partial.losses = [float(v) for v in part["losses"]]
+            self.partial.sizes = [int(v) for v in part["sizes"]]
+            self.partial.ndata = sum(self.partial.sizes)
+            self.partial.ncorrect = int(part["ncorrect"])
+
+    pos = np.arange(args.ctx, dtype=np.int32)
+    t = EpochTrainer(_Timed(prog), windows, batch_size=args.batch_size,
+                     logical_batch=args.logical_batch, shuffle=False, n_train=n_train,
+                     inputs=lambda f: {"tokens": f["x"], "pos": pos, "labels": f["y"]},
+                     unit=args.ctx)
+    t.accumulate = t.logical_batch // t.batch_size
+    t.tokens_per_step = t.logical_batch * args.ctx
+    return t
+
+
+def _fit_epochs(args, trainer, save, curve):
+    """Train to --epochs with the core's fit over llama.cpp's windows: a progress bar per
+    epoch (loss and accuracy with their uncertainties, as ggml-opt prints), the validation
+    windows after each; save() every --save-every optimizer steps, after each epoch and on
+    Ctrl-C / SIGTERM (then raise). Returns the timing as _fit does."""
+    from ..training import fit
+    prog, acc = trainer.program, trainer.accumulate
+    log = open_log(args, "jitgraph finetune")
+    opt = _optimizer(args, acc, trainer.n_train // trainer.logical_batch)
+    t_start, ran, pending = prog.seconds, [0], []
+    mark = [t_start, 0]                  # the training seconds and steps at the epoch's start
+
+    def on_step(loss):
+        pending.append(loss)
+        if prog.calls % acc:
+            return
+        s = trainer.step
+        ran[0] += 1
+        if log:
+            ms = 1e3 * prog.last * acc
+            log.step(s, float(np.mean(pending)), lr=opt.lr_at(s), ms=ms,
+                     tokens_per_s=trainer.tokens_per_step / max(prog.last * acc, 1e-12),
+                     tokens=trainer.tokens_per_step * s)
+        pending.clear()
+        if signals.pending or s % args.save_every == 0:
+            save(signals.pending)
+        signals.check()
+
+    def on_epoch(tr, ep):
+        (tl, tu), (ta, tau) = ep.train.loss(), ep.train.accuracy()
+        (vl, vu), (va, vau) = ep.val.loss(), ep.val.accuracy()
+        s = trainer.step
+        curve.append({"epoch": ep.epoch, "step": s, "train": tl, "train_unc": tu,
+                      "train_acc": ta, "train_acc_unc": tau, "val": vl, "val_unc": vu,
+                      "val_acc": va, "val_acc_unc": vau})
+        if log:
+            log.eval(s, vl, train_loss=tl, accuracy=va,
+                     perplexity=math.exp(vl) if vl < 709 else None)
+        # this epoch's steps alone (a resumed epoch: those run since the resume)
+        sec, n = prog.seconds - mark[0], ran[0] - mark[1]
+        mark[:] = [prog.seconds, ran[0]]
+        rate = trainer.tokens_per_step * n / sec if sec else math.nan
+        say(args, f"epoch {ep.epoch}/{args.epochs}: train {ep.train}  val {ep.val}  "
+                  f"({1e3 * sec / max(n, 1):.1f} ms/step, {rate:,.0f} tokens/s)")
+        save()
+
+    with _Deferred() as signals:
+        fit(prog, trainer.dataset, epochs=args.epochs, trainer=trainer, on_step=on_step,
+            callbacks=[on_epoch], progress=False if args.quiet else None)
+    if log:
+        log.close()
+    return {"seconds": prog.seconds - t_start, "steps": ran[0]}
+
+
 class _Stopped(Exception):
     """Every MPI rank stops after the same step: one of them got SIGINT / SIGTERM (`signum`)."""
 
@@ -505,10 +737,10 @@ def _accumulation(args):
     return (args.logical_batch or args.batch_size) // args.batch_size
 
 
-def _compile(args, graph, what, world=None, params=None):
-    from .. import compile as jg_compile, optim
+def _compile(args, graph, what, world=None, params=None, opt=None):
+    from .. import compile as jg_compile
     acc = _accumulation(args)
-    opt = optim.AdamW(lr=args.lr, weight_decay=args.weight_decay, accumulate=acc)
+    opt = opt or _optimizer(args, acc)
     target = compile_target(args)
     t0 = time.perf_counter()
     with compile_progress(args, what):
@@ -546,12 +778,22 @@ def _resume(args, kind, resumed):
     cfg, tok, params, state, meta = load_llama_checkpoint(args.resume)
     if meta["kind"] != kind:
         raise ValueError(f"--resume {args.resume}: a {meta['kind']} checkpoint, not {kind}")
-    saved = {k: meta["args"].get(k) for k in resumed}
+    # options a checkpoint of an older jitgraph does not record keep their defaults
+    saved = {k: meta["args"][k] for k in resumed if k in meta["args"]}
     if args.text is not None and "text" in getattr(args, "given", ()):
         saved.pop("text")            # the user's copy: _read_text checks it against the hash
     adopt_resumed(args, args.resume, saved, _warn_once)
     Run.checkpoint, Run.epoch, Run.unit = args.resume, meta["step"], "step"
-    if meta["step"] >= args.steps:
+    epochs = getattr(args, "epochs", None)
+    if ("epoch" in meta) != bool(epochs):
+        raise ValueError(f"--resume {args.resume}: the checkpoint was made "
+                         f"{'with --epochs' if 'epoch' in meta else 'with --steps'}; resume it "
+                         f"with {'--epochs N' if 'epoch' in meta else '--steps N, not --epochs'}")
+    if epochs:
+        if meta["epoch"] >= epochs:
+            _warn_once(args, f"--resume {args.resume} is at epoch {meta['epoch']}, --epochs is "
+                             f"{epochs}: nothing left to train")
+    elif meta["step"] >= args.steps:
         _warn_once(args, f"--resume {args.resume} is at step {meta['step']}, --steps is "
                          f"{args.steps}: nothing left to train")
     return cfg, tok, params, state, meta
@@ -584,9 +826,8 @@ def _meta(args, kind, resumed, trainer, curve, data, extra=None):
     if saved.get("text") is not None:
         saved["text"] = os.path.abspath(saved["text"])
     return {"kind": kind, "args": saved,
-            "calls": trainer.program.calls, "step": trainer.step,
-            "rng": trainer.sampler.state, "curve": curve, "window": trainer.window,
-            "text_sha256": _sha256(data),
+            "calls": trainer.program.calls, "step": trainer.step, **trainer.position(),
+            "curve": curve, "text_sha256": _sha256(data),
             **(extra or {})}
 
 
@@ -684,14 +925,14 @@ def _mpi_summary(world):
                                      "param_checks": world.checks}
 
 
-def _build(args, graph, what, world, make_trainer, params=None):
+def _build(args, graph, what, world, make_trainer, params=None, opt=None):
     """Compile `graph` (`params`: values of params in place of their initialisation) and make
     its LMTrainer; under MPI rank 0 first, then the others (the evaluator compiled too), before
     any collective. (prog, acc, compile seconds, trainer)."""
     _accumulation(args)              # a usage error before anything compiles
 
     def build():
-        prog, acc, compile_s = _compile(args, graph, what, world, params)
+        prog, acc, compile_s = _compile(args, graph, what, world, params, opt)
         trainer = make_trainer(prog, acc)
         if world is not None:
             trainer.warm_up()
@@ -771,8 +1012,9 @@ def _lora_modules():
 
 
 def _perplexity(args, cfg, params, tok, tail, label, lora=None):
-    """Perplexity on the held-out bytes with llama.cpp's method (at most --ppl-chunks chunks);
-    lora: (adapter params, alpha) applied unmerged."""
+    """Perplexity on the held-out bytes (--epochs: the whole text, perplexity's --split all)
+    with llama.cpp's method (at most --ppl-chunks chunks); lora: (adapter params, alpha)
+    applied unmerged."""
     from ..models.perplexity import perplexity
     ids = tok.encode(tail, bos=tok.add_bos)
     if args.ppl_chunks:
@@ -792,6 +1034,7 @@ def _finetune(args, world):
     from ..models.llama import llama_forward, read_llama, write_llama
     from ..models.text import split_bytes, tokenize_split
     kind = "finetune"
+    _epoch_options(args, world)
     check_model_file(args.base, "base model")
     _check_outputs(args, **{"the base model": args.base})
     resumed = None
@@ -819,28 +1062,40 @@ def _finetune(args, world):
         lora, lora_file = _lora_modules()
     alpha = float(args.lora_alpha if args.lora_alpha is not None else args.lora_rank or 0)
     data, what = _read_text(args, resumed and resumed[4])
-    split = tokenize_split(data, tok)
-    train_w, val_w = _windows(args, split, what)
-    say(args, f"base: {args.base} ({cfg.layers} layers, width {cfg.dim}, vocab {cfg.vocab}); "
-              f"text: {what} ({split.size:,} bytes: {split.cut:,} train, "
-              f"{split.size - split.cut:,} held out; {len(split.train):,} + {len(split.val):,} "
-              f"tokens)")
-    _, tail = split_bytes(data)
+    if args.epochs:
+        windows, n_train = _epoch_windows(args, data, tok, what, cfg)
+        tail = data                          # perplexity on the training text itself
+    else:
+        split = tokenize_split(data, tok)
+        train_w, val_w = _windows(args, split, what)
+        say(args, f"base: {args.base} ({cfg.layers} layers, width {cfg.dim}, vocab "
+                  f"{cfg.vocab}); text: {what} ({split.size:,} bytes: {split.cut:,} train, "
+                  f"{split.size - split.cut:,} held out; {len(split.train):,} + "
+                  f"{len(split.val):,} tokens)")
+        _, tail = split_bytes(data)
     root = world is None or world.is_root
     local = args.batch_size if world is None else world.local_batch(args.batch_size)
     ppl = not args.no_ppl and root
     ppl_before = _perplexity(args, cfg, base, tok, tail, "before") if ppl else None
 
-    graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_finetune")
+    # --epochs: ggml-opt's accuracy needs the count of right predictions
+    graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_finetune",
+                          correct=bool(args.epochs))
     targets = None
     if not args.full:
         targets = lora_weights(cfg.description, args.lora_targets, lambda m: say(args, m))
         graph = lora(graph, targets=targets, rank=args.lora_rank, alpha=alpha, seed=args.seed)
-    prog, acc, compile_s, trainer = _build(
-        args, graph, "finetune", world,
-        lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
-                                    accumulate=acc, seed=args.seed, world=world),
-        params=base)                                   # the base weights (frozen with LoRA)
+    if args.epochs:
+        make = (lambda prog, acc: _epoch_trainer(args, prog, windows, n_train))
+        opt = _optimizer(args, _accumulation(args), n_train // (args.logical_batch or
+                                                                 args.batch_size))
+    else:
+        make = (lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
+                                            accumulate=acc, seed=args.seed, world=world))
+        opt = None
+    prog, acc, compile_s, trainer = _build(args, graph, "finetune", world, make,
+                                           params=base,  # the base weights (frozen with LoRA)
+                                           opt=opt)
     curve = []
     if resumed:
         trainer.restore(resumed[2], resumed[3], resumed[4])
@@ -849,9 +1104,9 @@ def _finetune(args, world):
     mode = "full" if args.full else \
         f"LoRA rank {args.lora_rank}, alpha {alpha:g} on {args.lora_targets}"
     say(args, f"finetune ({mode}): batch {args.batch_size}"
-              f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, AdamW lr "
-              f"{args.lr}{f', recompute {args.recompute}' if args.recompute else ''}; compiled "
-              f"in {compile_s:.2f} s")
+              f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, "
+              f"{_optimizer_line(args)}{f', recompute {args.recompute}' if args.recompute else ''}"
+              f"; compiled in {compile_s:.2f} s")
     say(args, f"{mem['trainable_params']:,} trainable params of {mem['params']:,}; "
               f"{_memory_line(mem)}")
     _data_parallel_line(args, world)
@@ -881,7 +1136,7 @@ def _finetune(args, world):
                                   dict(prog.state), meta)
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
 
-    timing = _fit(args, trainer, save, curve)
+    timing = (_fit_epochs if args.epochs else _fit)(args, trainer, save, curve)
     say(args, f"saved {args.out}")
     ppl_after = None
     if ppl:       # LoRA: the adapter applied unmerged, on the base in its file's type
@@ -893,6 +1148,8 @@ def _finetune(args, world):
     if args.json:
         print(json.dumps({**_summary(trainer, timing, curve, compile_s), **mem,
                           "mode": "full" if args.full else "lora",
+                          **({"epochs": trainer.epoch, "windows": len(windows),
+                              "train_windows": trainer.n_train} if args.epochs else {}),
                           "ppl_before": ppl_before and ppl_before.ppl,
                           "ppl_after": ppl_after and ppl_after.ppl,
                           "ppl_chunks": ppl_after and ppl_after.chunks,

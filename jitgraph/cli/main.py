@@ -235,7 +235,9 @@ def main(argv=None) -> int:
                     requested_threads()
             except ValueError as e:
                 args.parser.error(str(e))
-            if args.cmd in ("train", "finetune") and args.resume:   # train MODEL: its own parser
+            # the options given (a resume's overrides; --epochs's exclusions), train MODEL: its
+            # own parser
+            if args.cmd in ("train", "finetune") and (args.resume or getattr(args, "epochs", None)):
                 args.given = _given(args.parser, argv[2:] if args.cmd == "train" else argv[1:])
             try:
                 return args.fn(args)

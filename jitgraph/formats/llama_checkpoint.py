@@ -1,9 +1,10 @@
 """The llama training checkpoint (`jitgraph train llama`, `jitgraph finetune` write it): a GGUF
 file with the model's llama.* and tokenizer metadata, every param under its name, the optimizer
 state as `state.<name>` tensors and a JSON object under `jitgraph.checkpoint` (the run's options,
-the program's call count, the window sampler's RNG state, the step, the loss curve). Written
-atomically; reading bounds every count in the header by the file's size first, and anything but
-such a file raises jitgraph.ModelFormatError naming the file."""
+the program's call count, the window sampler's RNG state or finetune --epochs' place in its
+epoch, the step, the loss curve). Written atomically; reading bounds every count in the header
+by the file's size first, and anything but such a file raises jitgraph.ModelFormatError naming
+the file."""
 from __future__ import annotations
 
 import json
@@ -47,8 +48,11 @@ def load_llama_checkpoint(path):
         meta = json.loads(md[CHECKPOINT_KEY])
         if not isinstance(meta, dict) or not isinstance(meta.get("shapes"), dict):
             raise ValueError(f"{CHECKPOINT_KEY} is not a jitgraph llama checkpoint's JSON object")
-        for k, kind in (("args", dict), ("calls", int), ("step", int), ("rng", dict),
-                        ("kind", str)):
+        # where the run is: the window sampler's RNG, or (finetune --epochs) the epoch, the
+        # batches done in it and their figures
+        at = (("epoch", int), ("batch", int), ("partial", dict)) if "epoch" in meta else \
+            (("rng", dict),)
+        for k, kind in (("args", dict), ("calls", int), ("step", int), ("kind", str), *at):
             if not isinstance(meta.get(k), kind) or isinstance(meta.get(k), bool):
                 raise ValueError(f"checkpoint field {k!r} is missing or not a {kind.__name__}")
         shapes = meta["shapes"]

@@ -312,10 +312,12 @@ def _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16, freqs):
 
 
 def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
-                  name: str = "llama", labels: bool = False, kv_f16: bool = False) -> Graph:
+                  name: str = "llama", labels: bool = False, kv_f16: bool = False,
+                  correct: bool = False) -> Graph:
     """The forward graph: inputs tokens i32[batch, seq], pos i32[seq]; output logits
     f32[batch, seq, vocab]. labels=True adds input labels i32[batch, seq] and output loss (mean
-    cross-entropy of the next-token predictions) for training.
+    cross-entropy of the next-token predictions) for training; correct=True (with labels) the
+    output correct, how many argmax predictions equal their label (ggml-opt's accuracy).
 
     kv_f16=True reproduces llama.cpp's default F16 KV cache: K and V are rounded to float16, and
     so are the queries and the softmax probabilities, which ggml converts to F16 to multiply them
@@ -344,6 +346,8 @@ def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
     if labels:
         lab = ops.reshape(g.input("labels", (batch, seq), "i32"), (rows,))
         outs["loss"] = ops.cross_entropy(logits, lab)
+        if correct:
+            outs["correct"] = ops.count_equal(ops.argmax(logits, -1), lab)
     g.output(**outs)
     return g
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["HELD_OUT", "shipped_corpus", "read_corpus", "split_bytes", "byte_vocab",
-           "TokenSplit", "tokenize_split", "Windows", "WindowSampler", "fixed_starts"]
+           "TokenSplit", "tokenize_split", "Windows", "WindowSampler", "fixed_starts",
+           "StridedWindows", "llama_split"]
 
 HELD_OUT = 0.1                        # the tail fraction of the bytes held out for validation
 _SHIPPED = "tinyshakespeare_head.txt"
@@ -135,3 +136,50 @@ def fixed_starts(windows: Windows, batch: int, n_batches: int, seed: int = 0) ->
     training sampler's): the same validation windows at every evaluation of a run."""
     rng = np.random.default_rng([int(seed), 1])
     return windows.starts(rng, int(n_batches) * int(batch)).reshape(int(n_batches), int(batch))
+
+
+class _Rows:
+    """Row view of a StridedWindows data set: `rows[idx]` -> int32 [len(idx), ctx], the windows
+    `idx` shifted by `shift` tokens (0: the inputs, 1: the labels), gathered on demand."""
+
+    def __init__(self, windows, shift):
+        self.w, self.shift = windows, shift
+
+    def __getitem__(self, idx):
+        starts = self.w.starts[np.asarray(idx)]
+        return np.ascontiguousarray(self.w.tokens[starts[:, None] + self.shift + self.w.offsets])
+
+    def __len__(self):
+        return len(self.w)
+
+
+class StridedWindows:
+    """llama.cpp's training data set (common_opt_dataset_init): window i holds the tokens
+    [i*stride, i*stride + ctx) and its labels the next ones, [i*stride + 1, i*stride + ctx + 1),
+    for i < (n_tokens - ctx - 1) // stride; the stride is ctx / 2 by default (llama-finetune's).
+    `x` and `y` index like arrays (jitgraph.training.fit's data set), gathered on demand."""
+
+    def __init__(self, tokens, ctx: int, stride: int | None = None, what: str = "text"):
+        self.tokens = np.ascontiguousarray(tokens, np.int32)
+        self.ctx = int(ctx)
+        self.stride = int(stride) if stride is not None else max(1, self.ctx // 2)
+        if self.ctx < 1 or self.stride < 1:
+            raise ValueError(f"windows: ctx {ctx} and stride {stride} must be >= 1")
+        n = (len(self.tokens) - self.ctx - 1) // self.stride
+        if n < 1:
+            raise ValueError(f"the {what} has {len(self.tokens)} tokens: no window of ctx "
+                             f"{self.ctx} at stride {self.stride} (llama.cpp's count "
+                             f"(tokens - ctx - 1) // stride needs >= {self.ctx + 1 + self.stride} "
+                             f"tokens); use a smaller --ctx or a longer text")
+        self.starts = np.arange(n, dtype=np.int64) * self.stride
+        self.offsets = np.arange(self.ctx)
+        self.x, self.y = _Rows(self, 0), _Rows(self, 1)
+
+    def __len__(self):
+        return len(self.starts)
+
+
+def llama_split(n: int, val_split: float) -> int:
+    """Windows that train of `n` (llama-finetune's idata_split = ndata * (1.0f - val_split), in
+    float32 as it computes it): the first ones train, the last fraction validates."""
+    return int(np.float32(n) * (np.float32(1.0) - np.float32(val_split)))
