@@ -114,13 +114,15 @@ def _same_iteration(kg, r, uid, pid):
 
 
 PAGE = 4096     # bytes; the unit in which a file's pages can be mapped into the region
+MAP_ALIGN = 32  # bytes; the least alignment of a slot placed at its file's page offset
 
 
 def _persistent(g, params, page_offsets=None):
     """(param name -> Slot, persistent bytes): fresh, or the given slots of another program.
-    page_offsets: param -> the offset within a page (a multiple of ALIGN) its slot starts at,
-    so that a region starting on a page holds it at the same place in its pages as its file
-    does, and the file's whole pages can be mapped there (formats/tensors.py)."""
+    page_offsets: param -> the offset within a page its slot starts at, so that a region
+    starting on a page holds it at the same place in its pages as its file does, and the
+    file's whole pages can be mapped there (formats/tensors.py); a multiple of MAP_ALIGN (GGUF's
+    default alignment: such a slot may start half a cache line in, which kernels allow)."""
     if params is not None:
         params = {name: params[name] for name in g.params}
         return params, max((s.offset + _align(s.nbytes) for s in params.values()), default=0)
@@ -128,10 +130,10 @@ def _persistent(g, params, page_offsets=None):
     page_offsets = page_offsets or {}
     for name, nid in g.params.items():
         want = page_offsets.get(name)
-        if want is not None and want % ALIGN == 0 and 0 <= want < PAGE:
+        if want is not None and want % MAP_ALIGN == 0 and 0 <= want < PAGE:
             persist += (want - persist) % PAGE
         out[name] = Slot("persist", persist, g.nodes[nid].type.nbytes)
-        persist += _align(g.nodes[nid].type.nbytes)
+        persist = _align(persist + g.nodes[nid].type.nbytes)
     return out, persist
 
 
