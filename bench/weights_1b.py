@@ -66,13 +66,16 @@ def llamacpp_ppl(bin_, env, model, text, ctx, chunks):
 
 
 def jitgraph_load(model, cache):
-    """Seconds of `generate -n 1` up to its first token (read + compile + warm-up), and the
-    peak RSS, with the kernel cache at `cache` (cold when empty)."""
+    """(compile seconds: the programs compiled and the weights mapped or read into them,
+    warm-up seconds: the one decode step that faults the weights in, the wall seconds of the
+    whole `generate -n 1` (imports, read_llama, tokenizing, the prompt and the token
+    included), peak RSS) with the kernel cache at `cache` (cold when empty)."""
     env = dict(os.environ, JITGRAPH_CACHE_DIR=str(cache))
     out, err, wall, rss = timed([sys.executable, "-m", "jitgraph.cli", "generate", str(model),
                                  "--prompt", "Once upon a time", "-n", "1", "--ctx", "256",
                                  "--json", "--quiet"], env)
-    return json.loads(out.strip().splitlines()[-1])["compile_seconds"], wall, rss
+    res = json.loads(out.strip().splitlines()[-1])
+    return res["compile_seconds"], res.get("warmup_seconds", float("nan")), wall, rss
 
 
 def main(argv=None):
@@ -106,8 +109,9 @@ def main(argv=None):
               f"{a[1] / b[1]:.2f} | {a[2]:.0f} MiB | {b[2]:.0f} MiB | {load():.1f} |", flush=True)
     if args.no_load:
         return 0
-    print("\n| file | load + compile, cold cache | warm | peak RSS (generate, ctx 256) |")
-    print("|---|---|---|---|")
+    print("\n| file | compile + weights, cold cache | warm | warm-up step (warm) | generate -n 1 "
+          "wall, cold | warm | peak RSS (generate, ctx 256) | load |")
+    print("|---|---|---|---|---|---|---|---|")
     for t in args.types:
         model = args.models / f"llama1b-{t}.gguf"
         cache = Path(tempfile.mkdtemp(prefix="jg_cache_"))
@@ -116,7 +120,8 @@ def main(argv=None):
             warm = jitgraph_load(model, cache)
         finally:
             shutil.rmtree(cache, ignore_errors=True)
-        print(f"| {t} | {cold[0]:.1f} s | {warm[0]:.1f} s | {warm[2]:.0f} MiB |", flush=True)
+        print(f"| {t} | {cold[0]:.1f} s | {warm[0]:.1f} s | {warm[1]:.1f} s | {cold[2]:.1f} s | "
+              f"{warm[2]:.1f} s | {warm[3]:.0f} MiB | {load():.1f} |", flush=True)
     return 0
 
 
