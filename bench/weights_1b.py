@@ -5,6 +5,7 @@ warm), for each file type.
 
     python bench/weights_1b.py --models /work/models --llamacpp /work/llamacpp/build/bin \\
         [--llamacpp-lib DIR] [--types f32 f16 bf16 q8_0 q4_k_m] [--text FILE] [--chunks 4]
+        [--no-ppl | --no-load]
 
 The models: bench/make_1b_model.py, then llama-quantize (bench/llamacpp_peers_1b.sh makes both:
 llama1b-<type>.gguf). --llamacpp-lib: a folder put first in LD_LIBRARY_PATH for llama.cpp's tools
@@ -89,6 +90,7 @@ def main(argv=None):
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--no-load", action="store_true", help="skip the load + compile timing")
+    p.add_argument("--no-ppl", action="store_true", help="skip the perplexity table")
     args = p.parse_args(argv)
     from jitgraph.cli.roofline import sgemm_gflops
     env = dict(os.environ)
@@ -99,7 +101,7 @@ def main(argv=None):
     print("| file | size | jitgraph PPL | llama.cpp PPL | jitgraph tok/s | llama.cpp tok/s | "
           "ratio | jitgraph RSS | llama.cpp RSS | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for t in args.types:
+    for t in [] if args.no_ppl else args.types:
         model = args.models / f"llama1b-{t}.gguf"
         size = model.stat().st_size / 2**30
         a = jitgraph_ppl(model, args.text, args.ctx, args.chunks, args.batch_size)
