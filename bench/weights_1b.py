@@ -98,9 +98,10 @@ def main(argv=None):
         env["LD_LIBRARY_PATH"] = f"{args.llamacpp_lib}:{env.get('LD_LIBRARY_PATH', '')}"
     print(f"host sgemm {sgemm_gflops():.0f} GFLOP/s; load average {load():.1f}; ctx {args.ctx}, "
           f"{args.chunks} chunks, {args.text.name}")
-    print("| file | size | jitgraph PPL | llama.cpp PPL | jitgraph tok/s | llama.cpp tok/s | "
-          "ratio | jitgraph RSS | llama.cpp RSS | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    if not args.no_ppl:
+        print("| file | size | jitgraph PPL | llama.cpp PPL | jitgraph tok/s | llama.cpp tok/s | "
+              "ratio | jitgraph RSS | llama.cpp RSS | load |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
     for t in [] if args.no_ppl else args.types:
         model = args.models / f"llama1b-{t}.gguf"
         size = model.stat().st_size / 2**30
