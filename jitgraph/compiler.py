@@ -7,8 +7,10 @@ is generated for it.
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
+from contextlib import contextmanager
 from functools import partial
 
 
@@ -113,9 +115,24 @@ def build_program(source, options, backend, *, seed=0, persist=None, copy_output
     `backend`; `persist`: another program's persistent region to share (the evaluator's);
     `params`: values of params in place of their initialisation."""
     from .runtime.executor import Program
-    return Program(source, options, build(source, options, backend), seed=seed, persist=persist,
-                   copy_outputs=copy_outputs, check_indices=check_indices,
-                   compiler=partial(build_program, backend=backend), params=params)
+    with _collector_paused():
+        return Program(source, options, build(source, options, backend), seed=seed,
+                       persist=persist, copy_outputs=copy_outputs, check_indices=check_indices,
+                       compiler=partial(build_program, backend=backend), params=params)
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while compiling: the passes allocate many small
+    objects, and each full collection they trigger walks every object the process holds (a
+    loaded vocabulary's hundreds of thousands of strings); it runs again afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def build(source, options, backend):
