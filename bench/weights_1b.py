@@ -5,6 +5,7 @@ warm), for each file type.
 
     python bench/weights_1b.py --models /work/models --llamacpp /work/llamacpp/build/bin \\
         [--llamacpp-lib DIR] [--types f32 f16 bf16 q8_0 q4_k_m] [--text FILE] [--chunks 4]
+        [--no-ppl | --no-load]
 
 The models: bench/make_1b_model.py, then llama-quantize (bench/llamacpp_peers_1b.sh makes both:
 llama1b-<type>.gguf). --llamacpp-lib: a folder put first in LD_LIBRARY_PATH for llama.cpp's tools
@@ -66,13 +67,16 @@ def llamacpp_ppl(bin_, env, model, text, ctx, chunks):
 
 
 def jitgraph_load(model, cache):
-    """Seconds of `generate -n 1` up to its first token (read + compile + warm-up), and the
-    peak RSS, with the kernel cache at `cache` (cold when empty)."""
+    """(compile seconds: the programs compiled and the weights mapped or read into them,
+    warm-up seconds: the one decode step that faults the weights in, the wall seconds of the
+    whole `generate -n 1` (imports, read_llama, tokenizing, the prompt and the token
+    included), peak RSS) with the kernel cache at `cache` (cold when empty)."""
     env = dict(os.environ, JITGRAPH_CACHE_DIR=str(cache))
     out, err, wall, rss = timed([sys.executable, "-m", "jitgraph.cli", "generate", str(model),
                                  "--prompt", "Once upon a time", "-n", "1", "--ctx", "256",
                                  "--json", "--quiet"], env)
-    return json.loads(out.strip().splitlines()[-1])["compile_seconds"], wall, rss
+    res = json.loads(out.strip().splitlines()[-1])
+    return res["compile_seconds"], res.get("warmup_seconds", float("nan")), wall, rss
 
 
 def main(argv=None):
@@ -86,6 +90,7 @@ def main(argv=None):
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--no-load", action="store_true", help="skip the load + compile timing")
+    p.add_argument("--no-ppl", action="store_true", help="skip the perplexity table")
     args = p.parse_args(argv)
     from jitgraph.cli.roofline import sgemm_gflops
     env = dict(os.environ)
@@ -93,10 +98,11 @@ def main(argv=None):
         env["LD_LIBRARY_PATH"] = f"{args.llamacpp_lib}:{env.get('LD_LIBRARY_PATH', '')}"
     print(f"host sgemm {sgemm_gflops():.0f} GFLOP/s; load average {load():.1f}; ctx {args.ctx}, "
           f"{args.chunks} chunks, {args.text.name}")
-    print("| file | size | jitgraph PPL | llama.cpp PPL | jitgraph tok/s | llama.cpp tok/s | "
-          "ratio | jitgraph RSS | llama.cpp RSS | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for t in args.types:
+    if not args.no_ppl:
+        print("| file | size | jitgraph PPL | llama.cpp PPL | jitgraph tok/s | llama.cpp tok/s | "
+              "ratio | jitgraph RSS | llama.cpp RSS | load |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+    for t in [] if args.no_ppl else args.types:
         model = args.models / f"llama1b-{t}.gguf"
         size = model.stat().st_size / 2**30
         a = jitgraph_ppl(model, args.text, args.ctx, args.chunks, args.batch_size)
@@ -106,8 +112,9 @@ def main(argv=None):
               f"{a[1] / b[1]:.2f} | {a[2]:.0f} MiB | {b[2]:.0f} MiB | {load():.1f} |", flush=True)
     if args.no_load:
         return 0
-    print("\n| file | load + compile, cold cache | warm | peak RSS (generate, ctx 256) |")
-    print("|---|---|---|---|")
+    print("\n| file | compile + weights, cold cache | warm | warm-up step (warm) | generate -n 1 "
+          "wall, cold | warm | peak RSS (generate, ctx 256) | load |")
+    print("|---|---|---|---|---|---|---|---|")
     for t in args.types:
         model = args.models / f"llama1b-{t}.gguf"
         cache = Path(tempfile.mkdtemp(prefix="jg_cache_"))
@@ -116,7 +123,8 @@ def main(argv=None):
             warm = jitgraph_load(model, cache)
         finally:
             shutil.rmtree(cache, ignore_errors=True)
-        print(f"| {t} | {cold[0]:.1f} s | {warm[0]:.1f} s | {warm[2]:.0f} MiB |", flush=True)
+        print(f"| {t} | {cold[0]:.1f} s | {warm[0]:.1f} s | {warm[1]:.1f} s | {cold[2]:.1f} s | "
+              f"{warm[2]:.1f} s | {warm[3]:.0f} MiB | {load():.1f} |", flush=True)
     return 0
 
 

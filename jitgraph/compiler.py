@@ -7,8 +7,10 @@ is generated for it.
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
+from contextlib import contextmanager
 from functools import partial
 
 
@@ -27,8 +29,9 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     faster, a larger arena); a checkpoint policy recomputes them like any activation.
     seed: initial parameter values (graph.init_params(seed)).
     params: {name: array or formats.tensors.FileTensor}: the values of these params, written in
-    place of their initialisation (a model's weights: a FileTensor is read straight into the
-    program's memory); the others are initialised from `seed`.
+    place of their initialisation (a model's weights: a FileTensor's whole pages are mapped
+    from its file into the program's memory, privately, the rest read); the others are
+    initialised from `seed`.
     check_finite: a step whose loss, gradients or other float outputs hold NaN or Inf changes
     nothing (params, optimizer state, step count) and raises FloatingPointError naming the
     first such value (passes/guard.py); costs one extra read of the gradients per step.
@@ -66,11 +69,23 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     if params and share is not None:
         raise ValueError("compile: params= sets a program's own params; with share= they live "
                          "in the shared program: set them there")
+    if params:
+        opts.page_offsets = _page_offsets(params)
     prog = build_program(graph, opts, backend, seed=seed, persist=persist,
                          copy_outputs=copy_outputs, check_indices=check_indices, params=params)
     if hook is not None:
         prog.hook = hook
     return prog
+
+
+def _page_offsets(params) -> dict:
+    """param -> its file offset's place in a page, for the params given as tensors of a file
+    large enough to map (formats/mapping.py): the memory plan puts their slots at the same
+    place in a page, so the program maps the file's pages instead of reading them."""
+    from .formats.mapping import MIN_BYTES, PAGE
+    from .formats.tensors import FileTensor
+    return {k: v.offset % PAGE for k, v in params.items()
+            if isinstance(v, FileTensor) and v.nbytes >= MIN_BYTES}
 
 
 def _shared_params(graph, share, optimizer):
@@ -100,9 +115,24 @@ def build_program(source, options, backend, *, seed=0, persist=None, copy_output
     `backend`; `persist`: another program's persistent region to share (the evaluator's);
     `params`: values of params in place of their initialisation."""
     from .runtime.executor import Program
-    return Program(source, options, build(source, options, backend), seed=seed, persist=persist,
-                   copy_outputs=copy_outputs, check_indices=check_indices,
-                   compiler=partial(build_program, backend=backend), params=params)
+    with _collector_paused():
+        return Program(source, options, build(source, options, backend), seed=seed,
+                       persist=persist, copy_outputs=copy_outputs, check_indices=check_indices,
+                       compiler=partial(build_program, backend=backend), params=params)
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while compiling: the passes allocate many small
+    objects, and each full collection they trigger walks every object the process holds (a
+    loaded vocabulary's hundreds of thousands of strings); it runs again afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def build(source, options, backend):

@@ -113,15 +113,27 @@ def _same_iteration(kg, r, uid, pid):
         all(g.nodes[i].type.shape == shape for i in g.nodes[r].inputs if base(g, i) == pid)
 
 
-def _persistent(g, params):
-    """(param name -> Slot, persistent bytes): fresh, or the given slots of another program."""
+PAGE = 4096     # bytes; the unit in which a file's pages can be mapped into the region
+MAP_ALIGN = 32  # bytes; the least alignment of a slot placed at its file's page offset
+
+
+def _persistent(g, params, page_offsets=None):
+    """(param name -> Slot, persistent bytes): fresh, or the given slots of another program.
+    page_offsets: param -> the offset within a page its slot starts at, so that a region
+    starting on a page holds it at the same place in its pages as its file does, and the
+    file's whole pages can be mapped there (formats/tensors.py); a multiple of MAP_ALIGN (GGUF's
+    default alignment: such a slot may start half a cache line in, which kernels allow)."""
     if params is not None:
         params = {name: params[name] for name in g.params}
         return params, max((s.offset + _align(s.nbytes) for s in params.values()), default=0)
     out, persist = {}, 0
+    page_offsets = page_offsets or {}
     for name, nid in g.params.items():
+        want = page_offsets.get(name)
+        if want is not None and want % MAP_ALIGN == 0 and 0 <= want < PAGE:
+            persist += (want - persist) % PAGE
         out[name] = Slot("persist", persist, g.nodes[nid].type.nbytes)
-        persist += _align(g.nodes[nid].type.nbytes)
+        persist = _align(persist + g.nodes[nid].type.nbytes)
     return out, persist
 
 
@@ -251,13 +263,14 @@ def _boundary(kg, ivs) -> dict:
     return out
 
 
-def plan_memory(kg, params=None, reuse=True):
+def plan_memory(kg, params=None, reuse=True, page_offsets=None):
     """Memory plan for a KernelGraph: returns (MemoryPlan, Report). `params` (name -> Slot)
     places the params in an existing persistent region (a program sharing another's params);
-    `reuse=False` gives the naive plan (one buffer per value)."""
+    `reuse=False` gives the naive plan (one buffer per value); `page_offsets`: see
+    _persistent."""
     g = kg.graph
     order = {nid: k.id for k in kg.kernels for nid in k.nodes}
-    params, persist = _persistent(g, params)
+    params, persist = _persistent(g, params, page_offsets)
     slots = {g.params[name]: s for name, s in params.items()}
     inplace, copies = {}, []
     reads = _readers(kg)

@@ -25,6 +25,8 @@ class Options:
     check_finite: bool = False        # guard: a step with a non-finite value changes nothing
     boundary: bool = False            # update boundary: gradients, hook, update (boundary.py)
     param_slots: dict | None = None   # internal: place params in another program's region
+    page_offsets: dict | None = None  # param -> where in a page its slot starts (a weight mapped
+    #                                   from its file: the file offset's place in its page)
     kinds: frozenset | None = None    # the kernel kinds the target lowers (fuse; None: all)
 
 
@@ -56,7 +58,8 @@ def _schedule(st):
 
 
 def _memory(st):
-    st.memory, rep = plan_memory(st.kernels, st.options.param_slots, st.options.plan_memory)
+    st.memory, rep = plan_memory(st.kernels, st.options.param_slots, st.options.plan_memory,
+                                 page_offsets=st.options.page_offsets)
     return rep
 
 

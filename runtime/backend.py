@@ -33,7 +33,8 @@ BACKENDS; passes/ does not change:
                 runtime/cpu/cache.py);
                 `stats`: what the build did (kernels compiled and loaded, seconds, BLAS).
   allocate(nbytes) -> region,  view(region, slot, type) -> array
-                buffer allocation: the two regions, allocated once per program (the arena:
+                buffer allocation, zero-filled (the Program writes no zero-initialised
+                param): the two regions, allocated once per program (the arena:
                 plan.arena_bytes + workspace; the persistent region: params and optimizer
                 state) and the program's own output buffers, and the value at a plan Slot as an
                 array of its type, through which the Program reads outputs and params (numpy

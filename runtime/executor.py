@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from jitgraph.init import Zeros
 from jitgraph.ir import base, live_nodes
 from jitgraph.types import ShapeError, TensorType
 from jitgraph.validate import index_inputs
@@ -95,7 +96,7 @@ class ArrayMap(MutableMapping):
             if t.storage_shape != v.shape or t.np_dtype != v.dtype:
                 raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {t} from "
                                  f"{value.path}")
-            value.read_into(v)
+            value.read_into(v, mapped=True)     # the program's own region: pages mapped
             return
         a = np.asarray(value)
         if a.shape != v.shape or not np.can_cast(a.dtype, v.dtype, "same_kind"):
@@ -188,7 +189,12 @@ class Program:
         self._own_out = {p: block[lo:hi] for p, (lo, hi) in at.items()}
         self._written = (_address(block), _address(block) + block.nbytes)
         owner = persist is None
-        self._persist = backend.allocate(plan.persist_bytes) if owner else persist
+        if owner:       # on a page: weights whose slots share their file's page offsets
+            region = backend.allocate(plan.persist_bytes + PAGE)   # get the file's pages
+            first = (-_address(region)) % PAGE
+            self._persist = region[first:first + plan.persist_bytes]
+        else:
+            self._persist = persist
         self._io = np.zeros(plan.pointers, np.int64)       # the driver's per-call pointers
         self._default = {p: _address(b) for p, b in self._own_out.items()}
         for p, a in self._default.items():
@@ -201,8 +207,9 @@ class Program:
         if unknown:
             raise KeyError(f"params: no param {unknown[0]!r} in graph {source.name}; expected "
                            f"one of {', '.join(source.params)}")
-        if owner:
-            for k, v in g.init_params(seed, skip=given).items():
+        if owner:       # a fresh region is zeros: zero-initialised params need no write
+            zero = {k for k, f in g.inits.items() if isinstance(f, Zeros)}
+            for k, v in g.init_params(seed, skip=set(given) | zero).items():
                 self._param_views[k][...] = v
         opt = options.optimizer
         self._runtime = set(opt.runtime_inputs(0)) if opt is not None else set()

@@ -322,9 +322,9 @@ def _kernel_outputs_on_nan_arena(prog, feeds):
     for k, v in prog._runtime_views.items():
         v[...] = prog.options.optimizer.runtime_inputs(0)[k]
     kernel_of = {k.root: k for k in prog._products.kernels.kernels}
-    for nid, name, addrs in prog._products.module.calls:
+    for nid, name, addrs, dims in prog._products.module.calls:
         getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes(
-            *[prog._address(r, off) for r, off in addrs])
+            *[prog._address(r, off) for r, off in addrs], *dims)
         k = kernel_of[nid]
         for o in k.outputs:
             yield k, o, prog._view(o)

@@ -35,9 +35,9 @@ def _calls(prog, fed):
     what prog._feed returned (keeps the inputs the io table points at alive)."""
     kernels = {k.root: k for k in prog._products.kernels.kernels}
     out = []
-    for nid, name, addrs in prog._products.module.calls:
+    for nid, name, addrs, dims in prog._products.module.calls:
         fn = getattr(sys.modules[f"jitgraph_cache.{name}"], name).ctypes
-        out.append((kernels[nid], fn, [prog._address(b, off) for b, off in addrs]))
+        out.append((kernels[nid], fn, [prog._address(b, off) for b, off in addrs] + list(dims)))
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import mmap
 import os
 import struct
 
@@ -169,10 +170,11 @@ _NUMPY = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F
 
 
 class _Cursor:
-    """Bounds-checked reads from an open file of known size; errors name the file."""
+    """Bounds-checked reads from a file's bytes (`buf`, the file memory-mapped) of known size;
+    errors name the file."""
 
-    def __init__(self, f, size, path):
-        self.f, self.size, self.path, self.pos, self.order = f, size, path, 0, "<"
+    def __init__(self, buf, size, path):
+        self.buf, self.size, self.path, self.pos, self.order = buf, size, path, 0, "<"
 
     def fail(self, msg):
         raise ModelFormatError(f"{self.path}: {msg}")
@@ -184,16 +186,28 @@ class _Cursor:
 
     def take(self, n, what):
         self.need(n, what)
-        b = self.f.read(n)
-        if len(b) != n:
-            self.fail(f"the file shrank while it was read (at offset {self.pos})")
+        b = self.buf[self.pos:self.pos + n]
         self.pos += n
         return b
 
     def skip(self, n, what):
         self.need(n, what)
         self.pos += n
-        self.f.seek(self.pos)
+
+    def skip_strings(self, count, what):
+        """Past `count` strings (a length, then its bytes, each), every length checked."""
+        buf, size, pos = self.buf, self.size, self.pos
+        u64 = struct.Struct(self.order + "Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.need(8, f"a string length in {what}")
+            n = u64(buf, pos)[0]
+            if n > size - pos - 8:
+                self.pos = pos + 8
+                self.need(n, f"a string in {what} (declared {n} bytes long)")
+            pos += 8 + n
+        self.pos = pos
 
     def unpack(self, fmt, what):
         fmt = self.order + fmt
@@ -225,9 +239,7 @@ def _value(cur, vtype, key):
                                                            f"{count} elements of type {itype})")
     elif itype == _STRING:
         cur.need(count * 8, f"{what} (an array declared to hold {count} strings)")
-        for _ in range(count):
-            (n,) = cur.unpack("Q", f"a string length in {what}")
-            cur.skip(n, f"a string in {what} (declared {n} bytes long)")
+        cur.skip_strings(count, what)
     else:
         inner = "arrays" if itype == _ARRAY else f"unknown type {itype}"
         cur.fail(f"{what} is an array of {inner}")
@@ -239,9 +251,14 @@ def _header(f, path):
     order), every tensor's data checked to lie inside the file, no two overlapping, and none
     followed by more than padding (_check_extent)."""
     size = os.fstat(f.fileno()).st_size
-    cur = _Cursor(f, size, path)
     if size < 24:
-        cur.fail(f"not a GGUF file: {size} bytes, shorter than a GGUF header (24)")
+        raise ModelFormatError(f"{path}: not a GGUF file: {size} bytes, shorter than a GGUF "
+                               f"header (24)")
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return _parse_header(_Cursor(m, size, path), size)
+
+
+def _parse_header(cur, size):
     magic = cur.take(4, "the magic")
     if magic != b"GGUF":
         cur.fail(f"not a GGUF file (starts with {magic!r}, expected b'GGUF')")

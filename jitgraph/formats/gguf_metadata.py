@@ -91,8 +91,18 @@ def _parse(buf, size, path, prefix):
             elif itype == _STRING:
                 if count * 8 > size - pos:
                     fail(f"{key!r} ({count} strings)")
-                if keep:
-                    out[key] = [text(f"a string of {key!r}") for _ in range(count)]
+                if keep:        # text() inline: a vocabulary has 10^5 strings
+                    vals, unpack = [], u64.unpack_from
+                    for _ in range(count):
+                        end = pos + 8 + (unpack(buf, pos)[0] if pos + 8 <= size else size)
+                        if end > size:
+                            fail(f"a string of {key!r}")
+                        try:
+                            vals.append(str(buf[pos + 8:end], "utf-8"))
+                        except UnicodeDecodeError:
+                            text(f"a string of {key!r}")        # raises, naming it
+                        pos = end
+                    out[key] = vals
                 else:
                     for _ in range(count):
                         if pos + 8 > size:
@@ -104,3 +114,4 @@ def _parse(buf, size, path, prefix):
         else:
             raise ModelFormatError(f"{path}: metadata {key!r} has unknown value type {vtype}")
     return out
+

@@ -4,12 +4,14 @@ t calls t.read_into), so loading a model makes no copy of it and runs no Python 
 values; `np.asarray(t)` reads it into a new array."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ModelFormatError
 from ..types import TensorType
+from .mapping import map_into, pages
 
 
 @dataclass(frozen=True)
@@ -31,23 +33,42 @@ class FileTensor:
     def nbytes(self) -> int:
         return self.type.nbytes
 
-    def read_into(self, out: np.ndarray) -> None:
+    def read_into(self, out: np.ndarray, mapped: bool = False) -> None:
         """Read the bytes into `out`, a C-contiguous array of exactly nbytes bytes (its
-        storage array: TensorType.storage_shape, np_dtype)."""
+        storage array: TensorType.storage_shape, np_dtype). mapped=True (`out` lies in memory
+        its caller owns and no one else sees, a program's persistent region): the whole pages
+        that `out` and the file hold at the same place in a page are mapped from the file
+        (formats/mapping.py: no copy, a private mapping that writes never reach), the rest read."""
         if not out.flags.c_contiguous or out.nbytes != self.nbytes:
             raise ValueError(f"tensor {self.name}: cannot read {self.nbytes} bytes into an array "
                              f"of {out.nbytes} (contiguous: {out.flags.c_contiguous})")
         view = memoryview(out.reshape(-1).view(np.uint8))
-        done = 0
         with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            while done < self.nbytes:
-                n = f.readinto(view[done:])
-                if not n:
-                    raise ModelFormatError(f"{self.path}: tensor {self.name} is truncated: "
-                                           f"{done} of {self.nbytes} bytes at offset "
-                                           f"{self.offset}")
-                done += n
+            size = os.fstat(f.fileno()).st_size
+            if size < self.offset + self.nbytes:       # before mapping: past the end is SIGBUS
+                raise ModelFormatError(f"{self.path}: tensor {self.name} is truncated: the file "
+                                       f"ends at byte {size}, the tensor's {self.nbytes} bytes "
+                                       f"at offset {self.offset} need {self.offset + self.nbytes}")
+            whole = pages(out.ctypes.data, self.offset, self.nbytes) if mapped else None
+            if whole is not None and map_into(f.fileno(), self.offset + whole[0],
+                                              out.ctypes.data + whole[0], whole[1]):
+                skip, n = whole
+                self._read(f, view, 0, skip)
+                self._read(f, view, skip + n, self.nbytes)
+            else:
+                self._read(f, view, 0, self.nbytes)
+
+    def _read(self, f, view, lo, hi):
+        """Bytes lo..hi of the tensor into view[lo:hi]."""
+        f.seek(self.offset + lo)
+        done = lo
+        while done < hi:
+            n = f.readinto(view[done:hi])
+            if not n:
+                raise ModelFormatError(f"{self.path}: tensor {self.name} is truncated: "
+                                       f"{done} of {self.nbytes} bytes at offset "
+                                       f"{self.offset}")
+            done += n
 
     def __array__(self, dtype=None, copy=None):
         a = np.empty(self.type.storage_shape, self.type.np_dtype)

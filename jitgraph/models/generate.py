@@ -213,8 +213,9 @@ class Generator:
     tokens per prefill call (1: no prefill program, the prompt runs through decode steps); 16
     keeps stories260K's GEMMs under OpenBLAS's threading threshold (m n k < 2^18), where waking
     its threads for 32-row GEMMs cost far more than the GEMMs.
-    kv_f16: llama.cpp's F16 KV cache rounding (see llama_forward). warmup: run each program
-    once at construction (first calls are slow), leaving the cache empty. lora: a LoRA adapter
+    kv_f16: llama.cpp's F16 KV cache rounding (see llama_forward). warmup: run one decode
+    step at construction (the first call faults in the weights' pages), leaving the cache
+    empty; compile_seconds and warmup_seconds say what construction took. lora: a LoRA adapter
     applied unmerged (its GGUF path or (adapter params, alpha), jitgraph.models.lora), scaled
     by lora_scale as llama.cpp's --lora-scaled does."""
 
@@ -252,12 +253,11 @@ class Generator:
         self._posc = np.zeros(self.chunk, np.int32)
         self._last = np.zeros(1, np.int32)
         self.n_past = self.prompt_chunks = self.decode_steps = 0
-        if warmup:      # first calls fault in pages and resolve symbols (llama.cpp warms up too)
-            if self.prefill is not None and ctx >= 2:
-                self.feed([0, 0])
-                self.reset()
-            self.step(0)
-            self.reset()
+        t0 = time.perf_counter()
+        if warmup:      # one token: its first call faults in the weights' pages (mapped from
+            self.step(0)        # the file), as llama.cpp's warm-up does; the prefill program
+            self.reset()        # shares them, and a second call of either costs a step
+        self.warmup_seconds = time.perf_counter() - t0
         self.prompt_chunks = self.decode_steps = 0
 
     def reset(self) -> None:

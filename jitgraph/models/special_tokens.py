@@ -158,7 +158,9 @@ def check_metadata(md: dict, where: str = "") -> None:
         if kind is None:
             continue
         outer, inner = kind
-        if not isinstance(v, outer) or (inner and not all(isinstance(x, inner) for x in v)):
+        # the distinct element types, not each element: a vocabulary's lists are long
+        if not isinstance(v, outer) or (inner and not all(issubclass(t, inner)
+                                                         for t in set(map(type, v)))):
             what = outer.__name__ if isinstance(outer, type) else "a boolean"
             raise ValueError(f"{where}{key} must be {what}"
                              f"{' of ' + inner.__name__ if isinstance(inner, type) else ''}"

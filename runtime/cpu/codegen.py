@@ -47,8 +47,9 @@ class Generated:
     driver_source: str
     n_calls: int           # kernel invocations per step
     workspace_bytes: int   # scratch space the arena needs after the memory plan's values
-    calls: list            # (node id, kernel name, [(base, offset) per address]) in order;
-    #                        base: "arena", "persist", or an int, the entry of the io table
+    calls: list            # (node id, kernel name, [(base, offset) per address], dims) in
+    #                        order; base: "arena", "persist", or an int, the entry of the io
+    #                        table; dims: the dimensions passed after the addresses
     phases: int = 1        # 2: the driver takes a `phase` argument (update boundary)
 
 
@@ -74,9 +75,13 @@ def lower_kernel(graph, kg, kernel, slot_of):
 
 
 def entry_module(graph, call, name_of):
-    """(name, text, n_addresses) of the cfunc module running `call` on constant-shape buffers:
-    a generated kernel's body goes inline, a BLAS/library kernel is called."""
-    params, cargs = [], []
+    """(name, text, n_parameters, dims) of the cfunc module running `call`: a generated kernel's
+    body goes inline on constant-shape buffers; a BLAS/library kernel is called on buffers whose
+    dimensions are parameters too (`dims`, the values the driver passes after the addresses),
+    so one module serves every shape of a call (a model's layers and its programs' sequence
+    lengths share the compiled kernel)."""
+    params, cargs, dims = [], [], []
+    shaped = call.source is not None        # generated loops keep constant shapes
     for a in call.args:
         if isinstance(a, str):
             cargs.append(a)
@@ -89,8 +94,13 @@ def entry_module(graph, call, name_of):
             t = graph.nodes[a[0]].type
             if t.is_storage:            # a weight in its file's type: its rows' bytes
                 shape, dt = (t.size // t.shape[-1], t.row_bytes), "u8"
-        cargs.append(f"carray(ptr({params[-1]}), {literal(tuple(shape))}, "
-                     f"{NP_DTYPE[dt]})")
+        if shaped:
+            spelled = literal(tuple(shape))
+        else:
+            names = [f"n{len(dims) + i}" for i in range(len(shape))]
+            dims += [int(d) for d in shape]
+            spelled = f"({', '.join(names)}{',' if len(names) == 1 else ''})"
+        cargs.append(f"carray(ptr({params[-1]}), {spelled}, {NP_DTYPE[dt]})")
     text = ENTRY_HEADER + "".join(ln + "\n" for ln in call.imports)
     fm = f", fastmath={lower.FASTMATH}" if call.fastmath else ""
     if call.source is None:
@@ -109,11 +119,12 @@ def entry_module(graph, call, name_of):
     else:
         names, lines = call.source
         body = [f"{n} = {c}" for n, c in zip(names, cargs)] + list(lines)
+    params += [f"n{i}" for i in range(len(dims))]
     sig = ", ".join(["types.intp"] * len(params))
     text += f'\n\n@cfunc(types.void({sig}), cache=True, error_model="numpy"{fm})\n' + \
         f"def KERNEL({', '.join(params)}):\n" + "".join(f"    {ln}\n" for ln in body)
     name = name_of("k", text)
-    return name, text.replace("KERNEL", name), len(params)
+    return name, text.replace("KERNEL", name), len(params), tuple(dims)
 
 
 def generate(kg, plan, name_of) -> Generated:
@@ -147,11 +158,11 @@ def generate(kg, plan, name_of) -> Generated:
         todo = lower_node(g, g.nodes[k.root], slot_of) if k.kind == "node" else \
             lower_kernel(g, kg, k, slot_of)
         for c in todo:
-            name, text, nargs = entry_module(g, c, name_of)
+            name, text, nargs, dims = entry_module(g, c, name_of)
             kernels[name] = (text, nargs)
             addrs = [address(a) for a in c.args if not isinstance(a, str)]
-            calls.append((k.root, name, addrs))
-            drv.call(name, addrs)
+            calls.append((k.root, name, addrs, dims))
+            drv.call(name, addrs, dims)
     if split and kg.boundary == len(kg.kernels):
         drv.phase_end(plan)
     for name, nid in plan.copies:
@@ -210,8 +221,8 @@ class _Driver:
         self.lines.append(f"  %v{self.n} = inttoptr i64 {v} to ptr")
         return f"%v{self.n}"
 
-    def call(self, name, addrs):
-        args = ", ".join(f"i64 {self.value(*a)}" for a in addrs)
+    def call(self, name, addrs, dims=()):
+        args = ", ".join([f"i64 {self.value(*a)}" for a in addrs] + [f"i64 {d}" for d in dims])
         self.lines.append(f"  call void @jitgraph_{name}({args})")
 
     def copy(self, dst, src, nbytes):

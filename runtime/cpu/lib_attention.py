@@ -34,6 +34,7 @@ one at a time without BLAS and the query heads packed into one block lost (bench
 from __future__ import annotations
 
 import math
+from types import FunctionType
 
 from numba import njit, prange
 
@@ -85,8 +86,13 @@ def _task_words(kind, S, D):
     return blk + 3 * t + _up(rows * D)
 
 
+# _task_words and _up run as Python here (code generation sizes the scratch; calling the kernels
+# would load numba's compiled code first): the same functions
+_task_words_py = FunctionType(_task_words.py_func.__code__, {**globals(), "_up": _up.py_func})
+
+
 def _workspace(kind, q_shape, k_shape):
-    return q_shape[0] * k_shape[2] * int(_task_words(kind, q_shape[1], q_shape[3]))
+    return q_shape[0] * k_shape[2] * int(_task_words_py(kind, q_shape[1], q_shape[3]))
 
 
 def workspace_size_attention(q_shape, k_shape):

@@ -17,6 +17,8 @@ Tiles and column chunks have fixed sizes, so a result's bits do not depend on th
 """
 from __future__ import annotations
 
+from types import FunctionType
+
 import numpy as np
 from numba import njit, prange
 
@@ -245,13 +247,18 @@ def _slab(m, n, k, fused):
     return max(rows * k, min(kt, k) * min(n, CHUNK_COLS))
 
 
+# _slab run as Python (code generation sizes the scratch; calling the kernel would load numba's
+# compiled code first): the same function, with the kernel it calls as Python too
+_slab_py = FunctionType(_slab.py_func.__code__, {**globals(), "_tile_rows": _tile_rows.py_func})
+
+
 def qgemm_workspace(kind, m, n, k, threads):
     """float32 elements qgemm's `work` must hold for out [m, n] with inner dimension k, one
     slab per thread (threads: numba's pool size, blas.bt_copies())."""
-    if geometry(kind)[0] == 0:
+    if geometry.py_func(kind)[0] == 0:
         raise ValueError(f"qgemm_workspace: unknown storage kind {kind}; expected one of "
                          f"{sorted(KINDS.values())}")
-    return int(max(1, threads) * _slab(m, n, k, m <= FUSED_MAX_M))
+    return int(max(1, threads) * _slab_py(m, n, k, m <= FUSED_MAX_M))
 
 
 @_dot_kernel

@@ -58,7 +58,8 @@ class Library:
             return None
         args = [(i, graph.nodes[i].type.shape) for i in n.inputs] + [(n.id, n.type.shape)]
         if self.workspace:
-            args.append(Workspace(self.workspace(lib, [s for _, s in args], n), n.type.dtype))
+            size = self.workspace(_AsPython(lib), [s for _, s in args], n)
+            args.append(Workspace(size, n.type.dtype))
         return [Call(f"lib.{func}", args + [literal(p) for p in self.params(n)])]
 
     def kernel(self, graph, kg, kernel, slot_of):
@@ -129,3 +130,15 @@ class Own:
         if self.library and not hasattr(_library(), self.library):
             return None
         return self.lower(graph, n)
+
+
+class _AsPython:
+    """The library module with its numba kernels as their Python functions: code generation
+    sizes scratch space with them (calling a kernel would load numba's compiled code first)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        f = getattr(self._lib, name)
+        return getattr(f, "py_func", f)
