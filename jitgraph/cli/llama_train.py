@@ -611,8 +611,15 @@ def _bytes(n):
 
 
 def _trainable(prog) -> dict:
-    """The program's trainable params, name -> array (what a checkpoint keeps)."""
-    return {k: prog.params[k] for k in prog.source.trainable_params()}
+    """The program's trainable params, name -> read-only view (what a checkpoint keeps)."""
+    return {k: prog.params.view(k) for k in prog.source.trainable_params()}
+
+
+def _views(values) -> dict:
+    """A program's params or optimizer state, name -> read-only view of where it lives (valid
+    until the next step): written out without a second copy (a 1B model's AdamW state is
+    9 GB)."""
+    return {k: values.view(k) for k in values}
 
 
 def _memory(prog):
@@ -625,7 +632,9 @@ def _memory(prog):
     return {"trainable_params": int(sum(size[k] for k in g.trainable_params())),
             "params": int(sum(size[k] for k in prog.params)),
             "weights_bytes": int(sum(g.nodes[g.params[k]].type.nbytes for k in prog.params)),
-            "optimizer_state_bytes": int(sum(np.asarray(v).nbytes for v in prog.state.values())),
+            # views, not copies: prog.state[k] copies (an AdamW moment of a 1B model's
+            # embedding is 1 GB)
+            "optimizer_state_bytes": int(sum(prog.state.view(k).nbytes for k in prog.state)),
             "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"]),
             "workspace_bytes": int(st.get("workspace_bytes", 0)),
             "output_bytes": int(st["memory"]["output_bytes"])}
@@ -744,17 +753,18 @@ def _train_llama(args, world):
         if not root:
             return
         if args.checkpoint:
-            save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
+            save_llama_checkpoint(args.checkpoint, cfg, tok, _views(prog.params),
+                                  _views(prog.state),
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
         if stopping and args.out:            # interrupted: the model so far
-            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama",
+            write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph llama",
                         ftype=args.ftype)
             Run.out = (args.out, f"the model after step {trainer.step}")
 
     timing = _fit(args, trainer, save, curve)
     if args.out and root:
-        write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama",
+        write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph llama",
                     ftype=args.ftype)
         say(args, f"saved {args.out}")
     if args.json:
@@ -863,8 +873,8 @@ def _finetune(args, world):
     def write_out():
         if args.full:
             # the weights where they lie, not copied: a 1B model's 4.6 GiB not held twice
-            write_llama(args.out, cfg, {k: prog.params.view(k) for k in prog.params}, tok,
-                        name="jitgraph finetune", ftype=args.ftype)
+            write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph finetune",
+                        ftype=args.ftype)
         else:
             lora_file.write_adapter(args.out, cfg, adapter(), alpha, ftype=args.ftype)
 
@@ -878,15 +888,15 @@ def _finetune(args, world):
             meta = _meta(args, kind, FINETUNE_RESUMED, trainer, curve, data,
                          {"base_sha256": base_sha})
             save_llama_checkpoint(args.checkpoint, cfg, tok, _trainable(prog),
-                                  dict(prog.state), meta)
+                                  _views(prog.state), meta)
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
 
     timing = _fit(args, trainer, save, curve)
     say(args, f"saved {args.out}")
     ppl_after = None
     if ppl:       # LoRA: the adapter applied unmerged, on the base in its file's type
-        ppl_after = _perplexity(args, cfg, {k: prog.params.view(k) for k in prog.params}, tok,
-                                tail, "after") if args.full \
+        ppl_after = _perplexity(args, cfg, _views(prog.params), tok, tail, "after") \
+            if args.full \
             else _perplexity(args, cfg, base, tok, tail, "after", (adapter(), alpha))
         say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
                   f"({ppl_after.ppl / ppl_before.ppl:.3f}x)")
