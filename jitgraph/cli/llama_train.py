@@ -172,8 +172,11 @@ def _loop_options(p, steps):
     p.add_argument("--weight-decay", type=float_in(0), default=0.0, metavar="WD",
                    help="AdamW's decoupled weight decay")
     p.add_argument("--eval-every", type=int_at_least(1), default=100, metavar="N",
-                   help=f"validate every N steps and at the end: the mean loss of {VAL_BATCHES} "
-                        f"fixed batches of held-out windows")
+                   help="validate every N steps and at the end: the mean loss of --val-batches "
+                        "fixed batches of held-out windows")
+    p.add_argument("--val-batches", type=int_at_least(1), default=VAL_BATCHES, metavar="N",
+                   help=f"held-out batches each validation runs (a forward pass each); default "
+                        f"{VAL_BATCHES}")
     p.add_argument("--recompute", type=recompute_spec, default=None, metavar="POLICY",
                    help="gradient checkpointing: sqrt, budget:BYTES (e.g. budget:64M) or "
                         "budget:F (a fraction of the arena without it); default: keep every "
@@ -734,7 +737,8 @@ def _train_llama(args, world):
     prog, acc, compile_s, trainer = _build(
         args, graph, "llama", world,
         lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
-                                    accumulate=acc, seed=args.seed, world=world))
+                                    accumulate=acc, seed=args.seed, world=world,
+                                    val_batches=args.val_batches))
     curve = []
     if resumed:
         trainer.restore(resumed[2], resumed[3], resumed[4])
@@ -849,7 +853,8 @@ def _finetune(args, world):
     prog, acc, compile_s, trainer = _build(
         args, graph, "finetune", world,
         lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
-                                    accumulate=acc, seed=args.seed, world=world),
+                                    accumulate=acc, seed=args.seed, world=world,
+                                    val_batches=args.val_batches),
         params=base)                                   # the base weights (frozen with LoRA)
     curve = []
     if resumed:
