@@ -299,7 +299,8 @@ class LMTrainer:
         self.pos = np.arange(train.length - 1, dtype=np.int32)
         self.step = 0                      # optimizer steps done
         self.window = []                   # training losses since the last evaluation
-        self.evaluator = program.evaluator()
+        # runs in the training program's arena, dead between steps (its losses are read at once)
+        self.evaluator = program.evaluator(share_memory=True)
         self.tokens_per_step = self.accumulate * batch_size * (train.length - 1)
 
     def train_step(self) -> float:
