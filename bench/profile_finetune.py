@@ -10,8 +10,8 @@ Compiles issue 18's step (batch 16 windows of 128 tokens, AdamW) from the storie
     throughout; the threads' spin-waits count as CPU time, so this is an upper bound);
   - the kernels' in-order times (bench/profile_kernels.py --in-order: each kernel called on
     the program's own buffers, in step order) summed by kind and op set, largest first;
-  - the matmuls by operand shapes and transposes, with their GFLOP/s (a kernel's whole time,
-    epilogue included, is given to each matmul in it);
+  - the matmuls by operand shapes and transposes, with their GFLOP/s (a kernel's time,
+    epilogue included, shared among its matmuls by their FLOPs);
   - the step's FLOPs (the matmuls') against the host's sgemm rate: the time the step would take
     at that rate, and the share of it the kernels in order reach;
   - with --kernels, every kernel in step order.
@@ -74,10 +74,12 @@ def by_ops(prog, times):
 
 
 def by_matmul(prog, times):
-    """[(microseconds, calls, GFLOP/s, "a @ b -> c (flags)")] per distinct matmul."""
+    """[(microseconds, calls, GFLOP/s, "a @ b -> c (flags)")] per distinct matmul; a kernel of
+    several GEMMs (dX products summed into one output) shares its time among them by FLOPs."""
     g = prog.graph
     us, calls, flops = collections.Counter(), collections.Counter(), {}
     for k, s in times:
+        mine = []
         for i in k.nodes:
             n = g.nodes[i]
             if n.op != "matmul":
@@ -87,7 +89,9 @@ def by_matmul(prog, times):
             key = f"{a} @ {b} -> {n.type} ({flags})"
             inner = a.shape[0] if dict(n.attrs).get("ta") else a.shape[-1]
             flops[key] = 2 * int(np.prod(n.type.shape)) * inner
-            us[key] += s * 1e6
+            mine.append(key)
+        for key in mine:
+            us[key] += s * 1e6 * flops[key] / sum(flops[m] for m in mine)
             calls[key] += 1
     return [(u, calls[key], flops[key] * calls[key] / (u * 1e3), key)
             for key, u in us.most_common()]
