@@ -872,9 +872,8 @@ def _finetune(args, world):
               f"{_memory_line(mem)}")
     _data_parallel_line(args, world)
 
-    def adapter():
-        return {k: np.array(v) for k, v in prog.params.items()
-                if k.endswith((".lora_a", ".lora_b"))}
+    def adapter():      # the names first: prog.params.items() would copy every base weight
+        return {k: prog.params[k] for k in prog.params if k.endswith((".lora_a", ".lora_b"))}
 
     def write_out():
         if args.full:
