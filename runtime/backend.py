@@ -95,7 +95,8 @@ class Backend(Protocol):
 
     def build(self, module) -> tuple[Callable, dict]: ...
 
-    def allocate(self, nbytes: int) -> Any: ...     # zeroed (a zero-initialised param is not written)
+    # zeroed memory: a Program does not write a zero-initialised param into it
+    def allocate(self, nbytes: int) -> Any: ...
 
     def view(self, region, slot, t) -> Any: ...
 
