@@ -110,15 +110,17 @@ def _shared_params(graph, share, optimizer):
 
 
 def build_program(source, options, backend, *, seed=0, persist=None, copy_outputs=True,
-                  check_indices=True, params=None):
+                  check_indices=True, params=None, scratch=None):
     """The Program running `source` compiled with `options` (passes/pipeline.py Options) by
     `backend`; `persist`: another program's persistent region to share (the evaluator's);
-    `params`: values of params in place of their initialisation."""
+    `params`: values of params in place of their initialisation; `scratch`: another program's
+    arena block to run in where it is large enough (the evaluator's, share_memory=True)."""
     from .runtime.executor import Program
     with _collector_paused():
         return Program(source, options, build(source, options, backend), seed=seed,
                        persist=persist, copy_outputs=copy_outputs, check_indices=check_indices,
-                       compiler=partial(build_program, backend=backend), params=params)
+                       compiler=partial(build_program, backend=backend), params=params,
+                       scratch=scratch)
 
 
 @contextmanager

@@ -20,12 +20,16 @@ def _fans(shape):
 
 @dataclass(frozen=True)
 class Initializer:
+    zero = False            # all zeros: a param in zeroed memory needs nothing written
+
     def spec(self) -> dict:
         return {"kind": type(self).__name__, **asdict(self)}
 
 
 @dataclass(frozen=True)
 class Zeros(Initializer):
+    zero = True
+
     def __call__(self, shape, rng):
         return np.zeros(shape)
 

@@ -197,17 +197,16 @@ class Graph:
     def init_params(self, seed: int = 0, skip=()) -> dict:
         """Fresh parameter arrays; each param's stream depends only on (seed, its name);
         `skip`: names left out (their values come from elsewhere)."""
-        out = {}
-        for name, nid in self.params.items():
-            if name in skip:
-                continue
-            t = self.nodes[nid].type
-            rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
-            if t.is_storage:
-                out[name] = _storage_init(self.inits[name], t, rng)
-                continue
-            out[name] = np.asarray(self.inits[name](t.shape, rng), dtype=t.np_dtype, order="C")
-        return out
+        return {name: self.init_param(name, seed) for name in self.params if name not in skip}
+
+    def init_param(self, name: str, seed: int = 0) -> np.ndarray:
+        """Param `name`'s fresh array (its stream depends only on (seed, name)): one at a time,
+        so a program fills its params without holding all of them twice."""
+        t = self.nodes[self.params[name]].type
+        rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
+        if t.is_storage:
+            return _storage_init(self.inits[name], t, rng)
+        return np.asarray(self.inits[name](t.shape, rng), dtype=t.np_dtype, order="C")
 
     def validate(self) -> "Graph":
         from .validate import validate

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from jitgraph.init import Zeros
 from jitgraph.ir import base, live_nodes
 from jitgraph.types import ShapeError, TensorType
 from jitgraph.validate import index_inputs
@@ -156,9 +155,12 @@ class Program:
     buffer, or straight into the caller's array with `step_into`."""
 
     def __init__(self, source, options, products: Products, *, seed=0, persist=None,
-                 copy_outputs=True, check_indices=True, compiler=None, params=None):
+                 copy_outputs=True, check_indices=True, compiler=None, params=None,
+                 scratch=None):
         """`source`: the graph as the user built it; `options`: the pipeline's Options it was
         compiled with; `persist`: another program's persistent region to share (its params);
+        `scratch`: another program's arena block (page-aligned) to run in when it is large
+        enough (Program.evaluator(share_memory=True)), else one of its own is allocated;
         `compiler(graph, options, persist=..., copy_outputs=..., check_indices=...)`: how the
         evaluator compiles its forward-only programs (jitgraph/compiler.py); `params`: values
         of params written in place of their initialisation."""
@@ -182,9 +184,14 @@ class Program:
         for s in plan.outputs.values():
             arena = _align(arena, PAGE if s.nbytes >= PAGE else 64)
             at[s.pointer], arena = (arena, arena + s.nbytes), arena + s.nbytes
-        block = backend.allocate(_align(arena) + PAGE)
-        first = (-_address(block)) % PAGE
-        block = block[first:first + _align(arena)]
+        if scratch is not None and scratch.nbytes >= _align(arena) and \
+                _address(scratch) % PAGE == 0:
+            block = scratch[:_align(arena)]
+        else:
+            block = backend.allocate(_align(arena) + PAGE)
+            first = (-_address(block)) % PAGE
+            block = block[first:first + _align(arena)]
+        self._block = block
         self._arena = block[:plan.arena_bytes + products.module.workspace_bytes]
         self._own_out = {p: block[lo:hi] for p, (lo, hi) in at.items()}
         self._written = (_address(block), _address(block) + block.nbytes)
@@ -207,10 +214,11 @@ class Program:
         if unknown:
             raise KeyError(f"params: no param {unknown[0]!r} in graph {source.name}; expected "
                            f"one of {', '.join(source.params)}")
-        if owner:       # a fresh region is zeros: zero-initialised params need no write
-            zero = {k for k, f in g.inits.items() if isinstance(f, Zeros)}
-            for k, v in g.init_params(seed, skip=set(given) | zero).items():
-                self._param_views[k][...] = v
+        if owner:       # one param at a time; the region is allocated zeroed (backend.allocate)
+            for k in g.params:
+                if k not in given and not (getattr(g.inits[k], "zero", False) and
+                                           not g.nodes[g.params[k]].type.is_storage):
+                    self._param_views[k][...] = g.init_param(k, seed)
         opt = options.optimizer
         self._runtime = set(opt.runtime_inputs(0)) if opt is not None else set()
         # user inputs: name -> (pointer, shape, dtype); the optimizer's per-step scalars live in
@@ -513,9 +521,14 @@ class Program:
     def stats(self) -> dict:
         return {**self._stats, "steps": self.calls}
 
-    def evaluator(self) -> "Evaluator":
-        """Forward-only program for the source graph's outputs, sharing this program's params."""
-        return Evaluator(self)
+    def evaluator(self, share_memory: bool = False) -> "Evaluator":
+        """Forward-only program for the source graph's outputs, sharing this program's params.
+        share_memory=True: its arena and output buffers lie in this program's arena where it
+        is large enough (a step's activations and gradients are dead between steps: a 1B
+        model's evaluation then needs no memory of its own); a run then overwrites what the
+        last step left there (outputs returned with copy_outputs=False) and a step what the
+        run returned: for results read at once."""
+        return Evaluator(self, share_memory)
 
 
 class Evaluator:
@@ -523,8 +536,9 @@ class Evaluator:
     need inputs not given to `run` are left out (so `run(x=...)` gives logits without labels);
     each distinct set of given inputs compiles once."""
 
-    def __init__(self, prog: Program):
+    def __init__(self, prog: Program, share_memory: bool = False):
         self._prog = prog
+        self._share = share_memory
         self._programs = {}
 
     def run(self, **inputs) -> dict:
@@ -559,7 +573,8 @@ class Evaluator:
         opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None, boundary=False,
                        param_slots=prog._products.memory.params)
         return prog._compiler(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,
-                              check_indices=prog.check_indices)
+                              check_indices=prog.check_indices,
+                              scratch=prog._block if self._share else None)
 
     def stats(self) -> dict:
         return {"programs": len(self._programs)}

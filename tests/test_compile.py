@@ -205,6 +205,34 @@ def test_evaluator_shares_params_and_drops_outputs_missing_inputs(trained):
     assert_close(ev.run(x=x)["logits"], ref["logits"] + 1.0, "shifted logits")
 
 
+def test_evaluator_sharing_the_training_arena():
+    """evaluator(share_memory=True): its arena and outputs lie inside the training program's
+    block (no memory of its own), it computes what a separate evaluator does, and training
+    after its runs goes on bit for bit as a program that never evaluated."""
+    g = mlp(batch=64, n_in=40, hidden=48)
+    progs = [jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-2), seed=3)
+             for _ in range(3)]
+    shared, alone = progs[0].evaluator(share_memory=True), progs[0].evaluator()
+    data = batches(g, 4, seed=4)
+    for b in data[:2]:
+        for p in progs:
+            p.step(**b)
+    got, want = shared.run(**data[2]), alone.run(**data[2])
+    for k in ("loss", "logits"):
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    ev, block = shared._programs[frozenset(data[2])], progs[0]._block
+    lo, hi = block.ctypes.data, block.ctypes.data + block.nbytes
+    assert lo <= ev._block.ctypes.data and ev._block.ctypes.data + ev._block.nbytes <= hi
+    assert alone._programs[frozenset(data[2])]._block.ctypes.data not in range(lo, hi)
+    progs[1].evaluator(share_memory=True).run(**data[3])
+    for b in data[2:]:
+        for p in progs:
+            p.step(**b)
+    for k in progs[0].params:
+        for p in progs[1:]:
+            np.testing.assert_array_equal(progs[0].params[k], p.params[k], err_msg=k)
+
+
 def test_a_params_view_is_the_program_memory_read_only(trained):
     """Program.params.view(k): the array where it lives (a step's update shows in it), not
     writeable; params[k] stays a copy."""
@@ -315,3 +343,18 @@ def test_identical_kernels_compile_once_per_program():
     assert s["calls_per_step"] == 4 and s["kernel_functions"] == 2
     out = prog.step(x=np.ones((4, 3)), y=-np.ones((4, 3)))
     np.testing.assert_array_equal(out["d"], 0.0)
+
+
+def test_a_programs_initial_params_and_state_are_init_params():
+    """A program fills its params one at a time, leaving zero-initialised ones (AdamW's
+    moments) unwritten in its zeroed memory: the values are graph.init_params(seed)'s."""
+    g = mlp()
+    g.param("z", (7,), init=jg.init.zeros())
+    g.param("c", (3, 2), init=jg.init.constant(-1.5))
+    prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-3), seed=11)
+    want = prog.graph.init_params(11)
+    assert set(want) == set(prog.params) | set(prog.state)
+    for k, v in want.items():
+        got = prog.params[k] if k in prog.params else prog.state[k]
+        np.testing.assert_array_equal(got, v, err_msg=k)
+    assert want["c"].min() == -1.5 and any(k.startswith("opt/") for k in prog.state)

@@ -225,6 +225,33 @@ def test_train_llama_learns_and_writes_a_model_that_reads_back(tmp_path, capsys,
     np.testing.assert_allclose(want, ref["logits"], rtol=1e-4, atol=1e-4)
 
 
+def test_val_batches_sets_the_validation_batches(tmp_path, capsys, monkeypatch):
+    """--val-batches N: each validation is the mean loss of N fixed held-out batches (the first
+    N of the default 20: the same draw), checked against a fresh forward program."""
+    made = []
+
+    class Recording(llama_train.LMTrainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(llama_train, "LMTrainer", Recording)
+    assert cli.main(["train", "llama", *TINY, "--steps", "2", "--val-batches", "3",
+                     "--json"]) == 0
+    res = _last_json(capsys)
+    trainer = made[0]
+    assert trainer.val_starts.shape == (3, 4)
+    np.testing.assert_array_equal(trainer.val_starts,
+                                  fixed_starts(trainer.val, 4, 20, 0)[:3])
+    cfg = LlamaConfig(vocab=354, dim=32, layers=1, heads=2, ctx=16)
+    fresh = jg.compile(llama_forward(cfg, 4, 16, labels=True))
+    for k in fresh.params:
+        fresh.params[k] = trainer.program.params[k]
+    want = np.mean([float(fresh.step(tokens=x, pos=trainer.pos, labels=y)["loss"])
+                    for x, y in (trainer.val.batch(s) for s in trainer.val_starts)])
+    assert res["val_loss"] == pytest.approx(want, rel=1e-5)
+
+
 @pytest.mark.slow
 def test_ctrl_c_then_resume_is_bit_exact(tmp_path, capsys, monkeypatch):
     """6 steps straight == 3 steps, Ctrl-C (checkpoint saved after the step it fell in), resume,

@@ -182,8 +182,11 @@ def _loop_options(p, steps):
                    help="decoupled weight decay: w * (1 - lr * WD) before the update (AdamW, "
                         "and SGD as ggml's)")
     p.add_argument("--eval-every", type=int_at_least(1), default=100, metavar="N",
-                   help=f"validate every N steps and at the end: the mean loss of {VAL_BATCHES} "
-                        f"fixed batches of held-out windows")
+                   help="validate every N steps and at the end: the mean loss of --val-batches "
+                        "fixed batches of held-out windows")
+    p.add_argument("--val-batches", type=int_at_least(1), default=VAL_BATCHES, metavar="N",
+                   help=f"held-out batches each validation runs (a forward pass each); default "
+                        f"{VAL_BATCHES}")
     p.add_argument("--recompute", type=recompute_spec, default=None, metavar="POLICY",
                    help="gradient checkpointing: sqrt, budget:BYTES (e.g. budget:64M) or "
                         "budget:F (a fraction of the arena without it); default: keep every "
@@ -323,7 +326,8 @@ class LMTrainer:
         self.pos = np.arange(train.length - 1, dtype=np.int32)
         self.step = 0                      # optimizer steps done
         self.window = []                   # training losses since the last evaluation
-        self.evaluator = program.evaluator()
+        # runs in the training program's arena, dead between steps (its losses are read at once)
+        self.evaluator = program.evaluator(share_memory=True)
         self.tokens_per_step = self.accumulate * batch_size * (train.length - 1)
 
     def train_step(self) -> float:
@@ -852,8 +856,15 @@ def _bytes(n):
 
 
 def _trainable(prog) -> dict:
-    """The program's trainable params, name -> array (what a checkpoint keeps)."""
-    return {k: prog.params[k] for k in prog.source.trainable_params()}
+    """The program's trainable params, name -> read-only view (what a checkpoint keeps)."""
+    return {k: prog.params.view(k) for k in prog.source.trainable_params()}
+
+
+def _views(values) -> dict:
+    """A program's params or optimizer state, name -> read-only view of where it lives (valid
+    until the next step): written out without a second copy (a 1B model's AdamW state is
+    9 GB)."""
+    return {k: values.view(k) for k in values}
 
 
 def _memory(prog):
@@ -866,7 +877,9 @@ def _memory(prog):
     return {"trainable_params": int(sum(size[k] for k in g.trainable_params())),
             "params": int(sum(size[k] for k in prog.params)),
             "weights_bytes": int(sum(g.nodes[g.params[k]].type.nbytes for k in prog.params)),
-            "optimizer_state_bytes": int(sum(np.asarray(v).nbytes for v in prog.state.values())),
+            # views, not copies: prog.state[k] copies (an AdamW moment of a 1B model's
+            # embedding is 1 GB)
+            "optimizer_state_bytes": int(sum(prog.state.view(k).nbytes for k in prog.state)),
             "arena_bytes": int(st["arena_bytes"]), "persistent_bytes": int(st["persistent_bytes"]),
             "workspace_bytes": int(st.get("workspace_bytes", 0)),
             "output_bytes": int(st["memory"]["output_bytes"])}
@@ -966,7 +979,8 @@ def _train_llama(args, world):
     prog, acc, compile_s, trainer = _build(
         args, graph, "llama", world,
         lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
-                                    accumulate=acc, seed=args.seed, world=world))
+                                    accumulate=acc, seed=args.seed, world=world,
+                                    val_batches=args.val_batches))
     curve = []
     if resumed:
         trainer.restore(resumed[2], resumed[3], resumed[4])
@@ -985,17 +999,18 @@ def _train_llama(args, world):
         if not root:
             return
         if args.checkpoint:
-            save_llama_checkpoint(args.checkpoint, cfg, tok, dict(prog.params), dict(prog.state),
+            save_llama_checkpoint(args.checkpoint, cfg, tok, _views(prog.params),
+                                  _views(prog.state),
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
         if stopping and args.out:            # interrupted: the model so far
-            write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama",
+            write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph llama",
                         ftype=args.ftype)
             Run.out = (args.out, f"the model after step {trainer.step}")
 
     timing = _fit(args, trainer, save, curve)
     if args.out and root:
-        write_llama(args.out, cfg, dict(prog.params), tok, name="jitgraph llama",
+        write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph llama",
                     ftype=args.ftype)
         say(args, f"saved {args.out}")
     if args.json:
@@ -1091,7 +1106,8 @@ def _finetune(args, world):
                                                                  args.batch_size))
     else:
         make = (lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
-                                            accumulate=acc, seed=args.seed, world=world))
+                                            accumulate=acc, seed=args.seed, world=world,
+                                            val_batches=args.val_batches))
         opt = None
     prog, acc, compile_s, trainer = _build(args, graph, "finetune", world, make,
                                            params=base,  # the base weights (frozen with LoRA)
@@ -1111,15 +1127,14 @@ def _finetune(args, world):
               f"{_memory_line(mem)}")
     _data_parallel_line(args, world)
 
-    def adapter():
-        return {k: np.array(v) for k, v in prog.params.items()
-                if k.endswith((".lora_a", ".lora_b"))}
+    def adapter():      # the names first: prog.params.items() would copy every base weight
+        return {k: prog.params[k] for k in prog.params if k.endswith((".lora_a", ".lora_b"))}
 
     def write_out():
         if args.full:
             # the weights where they lie, not copied: a 1B model's 4.6 GiB not held twice
-            write_llama(args.out, cfg, {k: prog.params.view(k) for k in prog.params}, tok,
-                        name="jitgraph finetune", ftype=args.ftype)
+            write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph finetune",
+                        ftype=args.ftype)
         else:
             lora_file.write_adapter(args.out, cfg, adapter(), alpha, ftype=args.ftype)
 
@@ -1133,15 +1148,15 @@ def _finetune(args, world):
             meta = _meta(args, kind, FINETUNE_RESUMED, trainer, curve, data,
                          {"base_sha256": base_sha})
             save_llama_checkpoint(args.checkpoint, cfg, tok, _trainable(prog),
-                                  dict(prog.state), meta)
+                                  _views(prog.state), meta)
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
 
     timing = (_fit_epochs if args.epochs else _fit)(args, trainer, save, curve)
     say(args, f"saved {args.out}")
     ppl_after = None
     if ppl:       # LoRA: the adapter applied unmerged, on the base in its file's type
-        ppl_after = _perplexity(args, cfg, {k: prog.params.view(k) for k in prog.params}, tok,
-                                tail, "after") if args.full \
+        ppl_after = _perplexity(args, cfg, _views(prog.params), tok, tail, "after") \
+            if args.full \
             else _perplexity(args, cfg, base, tok, tail, "after", (adapter(), alpha))
         say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
                   f"({ppl_after.ppl / ppl_before.ppl:.3f}x)")
