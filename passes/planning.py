@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from .fuse import group_kernels
+from .half import compute_in_f32
 from .memory import plan_memory
 from .schedule import schedule
 from .views import KIND as WINDOW, window_slices
@@ -40,6 +41,11 @@ class State:
     timings: dict = field(default_factory=dict)   # stage -> seconds
 
 
+def _half(st):
+    st.graph, rep = compute_in_f32(st.graph)
+    return rep
+
+
 def _views(st):
     st.graph, rep = window_slices(st.graph, st.options.kinds)
     return rep
@@ -65,6 +71,7 @@ def _always(opts):
 
 
 PLAN_STAGES = [
+    ("half", _half, _always),
     ("views", _views, lambda o: o.kinds is None or WINDOW in o.kinds),
     ("fuse", _fuse, _always),
     ("schedule", _schedule, lambda o: o.plan_memory),
