@@ -5,21 +5,26 @@ fusion puts those casts inside the kernels (a GEMM's operands converted in its p
 op's row read and written as half). The meaning is unchanged: the reference (jitgraph/half.py)
 computes each op in f32 and rounds its result, which is what the casts do.
 
-Ops that move elements ("move": reshape, permute, slice, concat) keep their half types; an
-operand at a storage position (OpDef.storage: matmul's weight, get_rows' table) stays half
-where the op reads it so (the storage-type kernels convert it), else is cast too.
+Ops that move elements ("move": reshape, permute, slice, concat) keep their half types, and
+so does an f32 op reading a half operand at a storage position (OpDef.storage: an f32 matmul's
+weight, get_rows' table: the storage-type kernels read it). A half GEMM converts both operands
+to f32 (in its prologue) and runs sgemm, faster than lib.qgemm's tile-by-tile conversion.
 """
 from __future__ import annotations
 
 from jitgraph.ir import LEAF_OPS, copy_node, rebuild
 from jitgraph.registry import get_op
-from jitgraph.types import ShapeError
 
 from .report import Report
 
 
 def _touches_half(graph, n) -> bool:
-    return n.type.is_half or any(graph.nodes[i].type.is_half for i in n.inputs)
+    """Whether node n computes with half values: a half result, or a half operand at a
+    position that is no storage position (OpDef.storage: there an f32 op reads a half weight
+    as a frozen weight in its file's type, dequantized by the storage-type kernels)."""
+    storage = get_op(n.op).storage if n.op not in LEAF_OPS else ()
+    return n.type.is_half or any(graph.nodes[i].type.is_half and p not in storage
+                                 for p, i in enumerate(n.inputs))
 
 
 def compute_in_f32(graph):
@@ -40,17 +45,10 @@ def compute_in_f32(graph):
         if n.op in LEAF_OPS or get_op(n.op).half in ("move", "convert") or \
                 not _touches_half(graph, n):
             return copy_node(g, n, new)
-        d = get_op(n.op)
         count["ops"] += 1
-        ins = [new[i] for i in n.inputs]
         attrs = {k: ("f32" if k == "dtype" and v in ("f16", "bf16") else v) for k, v in n.attrs}
-        kept = [f32(g, i) if g.nodes[i].type.is_half and p not in d.storage else i
-                for p, i in enumerate(ins)]
-        try:
-            nid = g.emit(n.op, kept, attrs)
-        except ShapeError:          # a storage position the op cannot read in this form
-            nid = g.emit(n.op, [f32(g, i) if g.nodes[i].type.is_half else i for i in kept],
-                         attrs)
+        nid = g.emit(n.op, [f32(g, new[i]) if graph.nodes[i].type.is_half else new[i]
+                            for i in n.inputs], attrs)
         if n.type.is_half:
             count["casts"] += 1
             nid = g.emit("cast", (nid,), {"dtype": n.type.dtype})
