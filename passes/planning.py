@@ -27,6 +27,7 @@ class Options:
     boundary: bool = False            # update boundary: gradients, hook, update (boundary.py)
     param_slots: dict | None = None   # internal: place params in another program's region
     kinds: frozenset | None = None    # the kernel kinds the target lowers (fuse; None: all)
+    precision: str = "f32"            # GEMMs in "bf16" / "f16", the rest f32 (precision.py)
 
 
 @dataclass

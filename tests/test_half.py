@@ -269,3 +269,44 @@ def test_ops_without_half_support_are_refused_at_build_time():
         x + logits
     with pytest.raises(jg.ShapeError, match="input q: q8_0 is a storage type"):
         g.input("q", (2, 32), "q8_0")
+
+
+# ---- mixed precision: jg.compile(..., precision=) ---------------------------------------------
+def _mlp():
+    g = jg.Graph("mlp")
+    x, y = g.input("x", (64, 20)), g.input("y", (64,), "i32")
+    w1 = g.param("w1", (20, 48), init=jg.init.normal(0.0, 0.3))
+    w2 = g.param("w2", (48, 5), init=jg.init.normal(0.0, 0.3))
+    g.output(loss=jg.cross_entropy(jg.rms_norm(jg.relu(x @ w1)) @ w2, y))
+    return g
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_mixed_precision_trains_as_f32_does(dt):
+    """precision=dt: the GEMMs forward and backward in dt (the backward's read the half
+    operands the forward cast), the params f32; a few Adam steps follow the f32 run's losses
+    within the format's rounding and end as low."""
+    from jitgraph.passes.precision import mixed
+    g = _mlp()
+    mg, rep = mixed(g, dt)
+    assert rep.stats["gemms"] == 2
+    assert all(mg.nodes[mg.params[k]].type.dtype == "f32" for k in mg.params)
+    back, _ = grad(mg, "loss")
+    mm = [n for n in back.nodes if n.op == "matmul"]
+    assert len(mm) == 5 and all(n.type.dtype == dt for n in mm)     # 2 forward, 3 backward
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    y = (x[:, :5] @ rng.standard_normal((5, 5))).argmax(1).astype(np.int32)
+    losses = {}
+    for p in ("f32", dt):
+        prog = jg.compile(g, loss="loss", optimizer=jg.optim.Adam(lr=0.01), precision=p)
+        losses[p] = [float(prog.step(x=x, y=y)["loss"]) for _ in range(30)]
+    a, b = np.array(losses["f32"]), np.array(losses[dt])
+    assert b[-1] < 0.6 * b[0]
+    assert not np.array_equal(a, b)          # the half GEMMs did round
+    np.testing.assert_allclose(b, a, rtol=8 * EPS[dt], atol=0)
+
+
+def test_precision_option_is_checked():
+    with pytest.raises(ValueError, match="precision='fp8'; expected one of f32, bf16, f16"):
+        jg.compile(_mlp(), loss="loss", optimizer=jg.optim.SGD(lr=0.1), precision="fp8")
