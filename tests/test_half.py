@@ -310,3 +310,24 @@ def test_mixed_precision_trains_as_f32_does(dt):
 def test_precision_option_is_checked():
     with pytest.raises(ValueError, match="precision='fp8'; expected one of f32, bf16, f16"):
         jg.compile(_mlp(), loss="loss", optimizer=jg.optim.SGD(lr=0.1), precision="fp8")
+
+
+def test_mixed_precision_llama_trains_as_f32_does():
+    """A small llama (attention, rope, rms_norm, tied shapes) in precision="bf16": its
+    projections' GEMMs in bf16, the rest f32; a few Adam steps on one batch follow f32's
+    losses within a few bf16 roundings."""
+    from jitgraph.models.llama import LlamaConfig, llama_forward
+    cfg = LlamaConfig(vocab=40, dim=32, layers=2, heads=2, ctx=16)
+    rng = np.random.default_rng(8)
+    toks = rng.integers(0, 40, (4, 17)).astype(np.int32)
+    feeds = dict(tokens=toks[:, :-1], pos=np.arange(16, dtype=np.int32), labels=toks[:, 1:])
+    losses = {}
+    for p in ("f32", "bf16"):
+        prog = jg.compile(llama_forward(cfg, 4, 16, labels=True), loss="loss",
+                          optimizer=jg.optim.Adam(lr=0.01), seed=3, precision=p)
+        losses[p] = np.array([float(prog.step(**feeds)["loss"]) for _ in range(12)])
+        if p == "bf16":
+            assert "bf16" in prog.ir("precision")
+    a, b = losses["f32"], losses["bf16"]
+    assert b[-1] < 0.8 * b[0] and not np.array_equal(a, b)
+    np.testing.assert_allclose(b, a, rtol=16 * EPS["bf16"], atol=0)
