@@ -1,5 +1,5 @@
-"""The plan stages of the pipeline (views -> fuse -> schedule -> memory), the compile Options and
-the stage runner (passes/pipeline.py lists every stage). `plan(graph, options)` runs the plan
+"""The plan stages of the pipeline (half -> views -> fuse -> schedule -> memory), the compile
+Options and the stage runner (passes/pipeline.py lists every stage). `plan(graph, options)` runs the plan
 stages alone: the kernels and memory plan the pipeline ends with, and what passes/checkpoint.py
 measures its candidates by.
 """
