@@ -116,8 +116,13 @@ def test_user_arrays_for_half_values():
     b = prog.step(x=round_to(f, "bf16"))["y"]
     assert a.dtype == np.uint16 and np.array_equal(a, b)
     assert np.array_equal(to_f32(a, "bf16"), np.float32([2.0, 2.0, -6.0]))
-    with pytest.raises(jg.ShapeError, match="input x: a bf16 value is given as uint16"):
+    with pytest.raises(jg.ShapeError, match=r"input x: a bf16 value is given as uint16\[3\] "
+                                            r"\(its own array\), its bytes or a float array, "
+                                            r"got int32\[3\]"):
         as_value(np.int32([1, 2, 3]), g.nodes[0].type, "input x")
+    # its bytes (a file's uint8 view) are taken as they are
+    h = round_to(f, "bf16")
+    assert np.array_equal(as_value(h.view(np.uint8), g.nodes[0].type, "input x"), h)
 
 
 def test_each_op_computes_in_f32_and_rounds_once():
