@@ -47,7 +47,8 @@ def _storage_init(fn, t, rng):
     (quant.QUANTIZE), else zeros (a K-quant weight is loaded from its file)."""
     from .quant import QUANTIZE, quantize
     if t.dtype in QUANTIZE:
-        return quantize(np.asarray(fn(t.shape, rng), np.float32), t.dtype)
+        return quantize(np.asarray(fn(t.shape, rng), np.float32), t.dtype).reshape(
+            t.storage_shape)
     return np.zeros(t.storage_shape, t.np_dtype)
 
 

@@ -336,3 +336,16 @@ def test_mixed_precision_llama_trains_as_f32_does():
     a, b = losses["f32"], losses["bf16"]
     assert b[-1] < 0.8 * b[0] and not np.array_equal(a, b)
     np.testing.assert_allclose(b, a, rtol=16 * EPS["bf16"], atol=0)
+
+
+def test_half_params_start_rounded_from_their_init():
+    g = jg.Graph("init")
+    g.param("a", (), "bf16", init=jg.init.normal(0.0, 1.0))
+    g.param("b", (2, 3), "f16", init=jg.init.normal(0.0, 1.0))
+    ps = g.init_params(0)
+    assert ps["a"].shape == () and ps["a"].dtype == np.uint16
+    assert ps["b"].shape == (2, 3) and ps["b"].dtype == np.float16
+    # the same draws as an f32 param's (a stream depends on the seed and the name), rounded
+    g32 = jg.Graph("init")
+    g32.param("b", (2, 3), init=jg.init.normal(0.0, 1.0))
+    assert np.array_equal(ps["b"], g32.init_params(0)["b"].astype(np.float16))
