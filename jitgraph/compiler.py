@@ -16,7 +16,7 @@ from functools import partial
 
 def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memory=True,
             checkpoint=None, *, seed=0, check_finite=False, check_indices=True,
-            copy_outputs=True, share=None, hook=None, params=None):
+            copy_outputs=True, share=None, hook=None, params=None, precision="f32"):
     """Compile `graph` into a Program (see runtime/executor.py).
 
     loss: name of a scalar output to differentiate (adds grad/<param> outputs); optimizer: a
@@ -53,16 +53,25 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     then keeps the update out of the GEMM epilogues, and the gradients stay in memory until
     the update: a larger arena (Program.stats()["memory"]["gradient_bucket_bytes"]). Without
     a hook nothing changes. `Program.hook` replaces it between steps.
+    precision: "f32" (default), or "bf16" / "f16": mixed precision (passes/precision.py
+    `mixed`): every f32 GEMM, forward and backward, reads its operands in that type and gives
+    its product in it (accumulating in f32); norms, softmax, losses, the params (f32 master
+    weights) and the optimizer stay f32. f16 has no loss scaling yet: a gradient below f16's
+    range becomes 0.
     """
     from .passes.pipeline import Options
+    from .passes.precision import PRECISIONS
     from .runtime.backend import get_backend
+    if precision not in PRECISIONS:
+        raise ValueError(f"compile: precision={precision!r}; expected one of "
+                         f"{', '.join(PRECISIONS)}")
     backend = get_backend(target)
     if hook is not None and not callable(hook):
         raise TypeError(f"compile: hook must be a callable hook(gradients), got "
                         f"{type(hook).__name__}")
     opts = Options(loss=loss, optimizer=optimizer, fuse=fuse, plan_memory=plan_memory,
                    checkpoint=checkpoint, check_finite=check_finite, boundary=hook is not None,
-                   kinds=backend.kinds)
+                   kinds=backend.kinds, precision=precision)
     persist = None
     if share is not None:
         opts.param_slots, persist = _shared_params(graph, share, optimizer)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .half import as_value, round_to
 from .quant import as_storage, dequantize
 from .registry import get_op
 from .types import ShapeError
@@ -21,6 +22,9 @@ def check_feed(graph, inputs: dict, params: dict):
         out = {}
         for k, nid in table.items():
             t = graph.nodes[nid].type
+            if t.is_half:
+                out[k] = as_value(given[k], t, f"{kind[:-1]} {k}")
+                continue
             if t.is_storage:
                 out[k] = as_storage(given[k], t)
                 continue
@@ -57,7 +61,9 @@ def run(graph, inputs: dict, params: dict | None = None, *, values=False) -> dic
             if r.shape != n.type.shape:
                 raise AssertionError(f"{n.op} %{n.id}: reference returned shape {r.shape}, "
                                      f"shape rule says {n.type}")
-            vals[n.id] = r.astype(n.type.np_dtype, copy=False)
+            # a half result: computed in f32 (its half operands were read as f32), rounded
+            vals[n.id] = round_to(r, n.type.dtype) if n.type.is_half else \
+                r.astype(n.type.np_dtype, copy=False)
     out = {k: vals[i] for k, i in graph.outputs.items()}
     for name, i in graph.updates.items():
         given[name] = vals[i].copy()

@@ -47,7 +47,8 @@ def _storage_init(fn, t, rng):
     (quant.QUANTIZE), else zeros (a K-quant weight is loaded from its file)."""
     from .quant import QUANTIZE, quantize
     if t.dtype in QUANTIZE:
-        return quantize(np.asarray(fn(t.shape, rng), np.float32), t.dtype)
+        return quantize(np.asarray(fn(t.shape, rng), np.float32), t.dtype).reshape(
+            t.storage_shape)
     return np.zeros(t.storage_shape, t.np_dtype)
 
 
@@ -79,9 +80,10 @@ class Graph:
     def input(self, name: str, shape, dtype="f32") -> "Tensor":
         self._check_new_name(name)
         t = TensorType(dtype_name(dtype), tuple(shape))
-        if t.is_storage:
+        if t.is_block:
             raise ShapeError(f"input {name}: {t.dtype} is a storage type, for frozen params "
-                             f"(graph.param(..., trainable=False)); inputs are f32, f64 or i32")
+                             f"(graph.param(..., trainable=False)); inputs are f32, f64, f16, "
+                             f"bf16 or i32")
         node = self._append("input", (), {"name": name}, t)
         self.inputs[name] = node.id
         return Tensor(self, node.id)
@@ -91,7 +93,8 @@ class Graph:
         self._check_new_name(name)
         t = TensorType(dtype_name(dtype), tuple(shape))
         if not t.is_float and trainable:
-            raise ShapeError(f"param {name}: trainable params must be f32 or f64, got {t}")
+            raise ShapeError(f"param {name}: trainable params must be f32, f64, f16 or bf16, "
+                             f"got {t}")
         node = self._append("param", (), {"name": name, "trainable": bool(trainable)}, t)
         self.params[name] = node.id
         self.inits[name] = init if init is not None else _init.zeros()
@@ -146,7 +149,10 @@ class Graph:
         nid = len(self.nodes) if node_id is None else node_id
         try:
             for pos, a in enumerate(args):
-                if a.type.is_storage and pos not in opdef.storage:
+                if a.type.is_half and pos not in opdef.storage and opdef.half is None:
+                    raise ShapeError(f"operand {pos + 1} ({a}) is {a.dtype}, and {op} takes no "
+                                     f"half-precision operands; cast it to f32 first (jg.cast)")
+                if a.type.is_block and pos not in opdef.storage:
                     where = (f"only as operand {', '.join(str(p + 1) for p in opdef.storage)}"
                              if opdef.storage else "not at all")
                     raise ShapeError(f"operand {pos + 1} ({a}) is of storage type {a.dtype}, "

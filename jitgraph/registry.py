@@ -145,6 +145,18 @@ KINDS = {
     "opaque": "anything else: data movement (permute, slice, get_rows, ...), rope, losses",
 }
 
+# How an op takes half-precision (f16, bf16) operands and results (OpDef.half); by default
+# elementwise, rows and reduction ops compute, views move, other ops refuse them at build time
+HALF = {
+    "compute": "half operands read as f32, computed in f32, a half result rounded to nearest "
+               "even on store (jitgraph/half.py)",
+    "move": "moves elements unchanged (reshape, permute, slice, concat): no arithmetic",
+    "convert": "the conversion itself (cast): the one op a backend's kernels compute with half "
+               "operands or results; passes/half.py rewrites every other computing op to it",
+}
+_HALF_BY_KIND = {"elementwise": "compute", "rows": "compute", "reduction": "compute",
+                 "view": "move"}
+
 FUSION_ROLES = {
     "prologue": "the elementwise group computing its operands can run inside its kernel",
     "epilogue": "elementwise nodes over its result can run inside its kernel",
@@ -206,6 +218,7 @@ class OpDef:
     storage: tuple = ()        # operand positions that may be of a storage type (types.STORAGE:
                                # a frozen weight in its file's type), read dequantized
     rows: RowFormula | None = None  # kind "rows": the formula every backend renders
+    half: str | None = None    # HALF: how it takes f16 / bf16 operands and results (None: not)
 
     def check_attrs(self, attrs: dict) -> dict:
         out = {}
@@ -236,7 +249,7 @@ OPS: dict[str, OpDef] = {}
 
 def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", expr=None, doc="",
              index=None, fusion=(), pairs_with=None, cheap=True, flops=None, bytes=None,
-             inplace=None, storage=(), rows=None):
+             inplace=None, storage=(), rows=None, half=""):
     if name in OPS:
         raise RuntimeError(f"op {name!r} registered twice")
     if kind not in KINDS or not set(fusion) <= set(FUSION_ROLES) or (kind == "elementwise") != \
@@ -250,9 +263,12 @@ def register(name, *, infer, ref, arity, attrs=None, vjp=None, kind="opaque", ex
                                 (isinstance(inplace, int) and inplace >= 0)):
         raise RuntimeError(f"op {name!r}: inplace={inplace!r} must be an operand position of a "
                            f"non-elementwise, non-view op")
+    half = _HALF_BY_KIND.get(kind) if half == "" else half
+    if half is not None and half not in HALF:
+        raise RuntimeError(f"op {name!r}: half={half!r}; expected one of {sorted(HALF)} or None")
     OPS[name] = OpDef(name, infer, ref, arity, dict(attrs or {}), vjp, kind, expr, doc, index,
                       frozenset(fusion), pairs_with, cheap, flops, bytes, inplace, tuple(storage),
-                      rows)
+                      rows, half)
     return OPS[name]
 
 

@@ -5,8 +5,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DTYPES = {"f32": np.float32, "f64": np.float64, "i32": np.int32}
-FLOAT_DTYPES = ("f32", "f64")
+# f16 and bf16 values: every op computes in f32 and rounds its result to nearest even (the
+# reference, jitgraph/half.py); an f16 value's array is float16, a bf16 value's uint16 (the high
+# 16 bits of an f32: numpy has no bfloat16)
+DTYPES = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "f16": np.float16,
+          "bf16": np.uint16}
+FLOAT_DTYPES = ("f32", "f64", "f16", "bf16")
+HALF_DTYPES = ("f16", "bf16")
 
 # Storage types: a frozen weight kept as its GGUF file holds it (ggml's formats). name ->
 # (ggml type number, elements per block, bytes per block, numpy dtype of a value's array).
@@ -38,7 +43,7 @@ def dtype_name(dt) -> str:
     except TypeError:
         raise ShapeError(f"unknown dtype {dt!r}; expected one of {', '.join(DTYPES)}") from None
     for name, t in DTYPES.items():
-        if npdt == np.dtype(t):
+        if npdt == np.dtype(t) and name != "bf16":      # uint16 is no float: bf16 by name only
             return name
     raise ShapeError(f"unsupported dtype {npdt}; expected one of {', '.join(DTYPES)}")
 
@@ -57,7 +62,7 @@ class TensorType:
             if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
                 raise ShapeError(f"bad shape {shape}: dimensions must be non-negative ints")
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
-        if self.dtype in STORAGE:
+        if self.is_block:
             block = STORAGE[self.dtype][1]
             if not shape or shape[-1] % block:
                 raise ShapeError(f"{self.dtype}[{','.join(map(str, shape))}]: a {self.dtype} "
@@ -83,13 +88,24 @@ class TensorType:
 
     @property
     def is_storage(self) -> bool:
-        """A storage type (STORAGE): a frozen weight's file type, read by matmul and get_rows."""
+        """A storage type (STORAGE): a frozen weight's file type, read by matmul and get_rows
+        (f16 and bf16 are value types too: `is_half`)."""
         return self.dtype in STORAGE
+
+    @property
+    def is_half(self) -> bool:
+        """f16 or bf16: a value computed in f32 and rounded on store (also a storage type)."""
+        return self.dtype in HALF_DTYPES
+
+    @property
+    def is_block(self) -> bool:
+        """A block-quantized storage type (q8_0, ...): only a frozen weight has one."""
+        return self.dtype in STORAGE and self.dtype not in DTYPES
 
     @property
     def row_bytes(self) -> int:
         """Bytes of one row (along the last axis) as stored."""
-        if self.dtype in STORAGE:
+        if self.is_block:
             _, block, nb, _ = STORAGE[self.dtype]
             return self.shape[-1] // block * nb if self.shape else nb
         return (self.shape[-1] if self.shape else 1) * self.np_dtype.itemsize
@@ -98,13 +114,13 @@ class TensorType:
     def storage_shape(self) -> tuple:
         """The shape of the value's array: the shape, but a block type's last axis counts
         bytes (q8_0[4096, 2048] is uint8[4096, 2176])."""
-        if self.dtype in STORAGE and self.np_dtype.itemsize == 1:
+        if self.is_block:
             return self.shape[:-1] + (self.row_bytes,)
         return self.shape
 
     @property
     def nbytes(self) -> int:
-        if self.dtype in STORAGE:
+        if self.is_block:
             return (self.size // self.shape[-1] if self.shape[-1] else 0) * self.row_bytes
         return self.size * self.np_dtype.itemsize
 

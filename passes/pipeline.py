@@ -40,12 +40,18 @@ from .checkpoint import checkpoint
 from .guard import guard
 from .optimizer import apply_optimizer
 from .patterns import recognise_patterns
+from .precision import mixed
 from .planning import PLAN_STAGES, Options, State, dump, plan, run_stages
 from .simplify import simplify
 
 
 def _patterns(st):
     st.graph, rep = recognise_patterns(st.graph)
+    return rep
+
+
+def _precision(st):
+    st.graph, rep = mixed(st.graph, st.options.precision)
     return rep
 
 
@@ -94,6 +100,7 @@ def _always(opts):
 
 GRAPH_STAGES = [
     ("patterns", _patterns, lambda o: o.fuse),
+    ("precision", _precision, lambda o: o.precision != "f32"),
     ("autodiff", _autodiff, lambda o: o.loss is not None),
     ("guard", _guard, lambda o: o.check_finite),
     ("optimizer", _optimizer, lambda o: o.optimizer is not None),

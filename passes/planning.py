@@ -1,5 +1,5 @@
-"""The plan stages of the pipeline (views -> fuse -> schedule -> memory), the compile Options and
-the stage runner (passes/pipeline.py lists every stage). `plan(graph, options)` runs the plan
+"""The plan stages of the pipeline (half -> views -> fuse -> schedule -> memory), the compile
+Options and the stage runner (passes/pipeline.py lists every stage). `plan(graph, options)` runs the plan
 stages alone: the kernels and memory plan the pipeline ends with, and what passes/checkpoint.py
 measures its candidates by.
 """
@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from .fuse import group_kernels
+from .half import compute_in_f32
 from .memory import plan_memory
 from .schedule import schedule
 from .views import KIND as WINDOW, window_slices
@@ -28,6 +29,7 @@ class Options:
     page_offsets: dict | None = None  # param -> where in a page its slot starts (a weight mapped
     #                                   from its file: the file offset's place in its page)
     kinds: frozenset | None = None    # the kernel kinds the target lowers (fuse; None: all)
+    precision: str = "f32"            # GEMMs in "bf16" / "f16", the rest f32 (precision.py)
 
 
 @dataclass
@@ -40,6 +42,11 @@ class State:
     stages: dict = field(default_factory=dict)    # stage -> (graph, kernels, memory) after it
     reports: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)   # stage -> seconds
+
+
+def _half(st):
+    st.graph, rep = compute_in_f32(st.graph)
+    return rep
 
 
 def _views(st):
@@ -68,6 +75,7 @@ def _always(opts):
 
 
 PLAN_STAGES = [
+    ("half", _half, _always),
     ("views", _views, lambda o: o.kinds is None or WINDOW in o.kinds),
     ("fuse", _fuse, _always),
     ("schedule", _schedule, lambda o: o.plan_memory),

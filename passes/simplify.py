@@ -17,6 +17,7 @@ from collections import Counter
 
 import numpy as np
 
+from jitgraph.half import round_to, to_f32
 from jitgraph.ir import LEAF_OPS, base, copy_node, live_nodes, rebuild
 from jitgraph.registry import get_op
 from jitgraph.types import ShapeError
@@ -102,7 +103,11 @@ def _copy_updated_outputs(g, counts):
 # ---- rules: (node, operand nodes, uses) -> None | existing id | (op, inputs, attrs) ---------
 def _const(n):
     """The value of a `full` node in its dtype, or None."""
-    return float(np.array(n.attr["value"], n.type.np_dtype)) if n.op == "full" else None
+    if n.op != "full":
+        return None
+    if n.type.is_half:                 # its value rounded to the half type, read as f32
+        return float(to_f32(round_to(n.attr["value"], n.type.dtype), n.type.dtype))
+    return float(np.array(n.attr["value"], n.type.np_dtype))
 
 
 def _fold(n, xs, uses):
@@ -112,7 +117,10 @@ def _fold(n, xs, uses):
     if n.op in _MOVES:
         v = xs[0].attr["value"]
     elif opdef.kind == "elementwise":      # uniform operands give a uniform result
-        v = opdef.ref(n.attr, *[np.array(_const(x), x.type.np_dtype) for x in xs])
+        v = opdef.ref(n.attr, *[np.array(_const(x), np.float32 if x.type.is_half else
+                                         x.type.np_dtype) for x in xs])
+        if n.type.is_half:             # computed in f32, rounded (jitgraph/half.py)
+            v = to_f32(round_to(v, n.type.dtype), n.type.dtype)
     else:
         return None
     return "full", (), {"value": float(np.asarray(v).reshape(-1)[0]), "shape": n.type.shape,

@@ -98,6 +98,9 @@ class ArrayMap(MutableMapping):
             value.read_into(v, mapped=True)     # the program's own region: pages mapped
             return
         a = np.asarray(value)
+        half = _half_of(v.dtype)
+        if half and a.dtype != v.dtype and a.shape == v.shape:
+            a = _as_half(a, half, f"{self._what} {name}")
         if a.shape != v.shape or not np.can_cast(a.dtype, v.dtype, "same_kind"):
             raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {_typestr(a)}")
         np.copyto(v, a, casting="same_kind")
@@ -117,6 +120,19 @@ class ArrayMap(MutableMapping):
 
     def __len__(self):
         return len(self._views)
+
+
+def _half_of(dtype):
+    """The half type whose values are arrays of numpy `dtype` (float16: f16, uint16: bf16, the
+    only values of those dtypes), or None."""
+    return {np.dtype(np.float16): "f16", np.dtype(np.uint16): "bf16"}.get(np.dtype(dtype))
+
+
+def _as_half(a, dtype, what):
+    """A half value given as a float array rounded to its type (jitgraph/half.py)."""
+    from jitgraph.half import as_value
+    from jitgraph.types import TensorType
+    return as_value(a, TensorType(dtype, a.shape), what)
 
 
 def _typestr(a):
@@ -330,7 +346,10 @@ class Program:
         """(staging buffer, its address): `a` converted into the program's buffer for input
         `name` (another dtype, not C-contiguous or aligned, or lying in memory the step
         writes)."""
-        if a.dtype != dtype and a.dtype.kind != dtype.kind and \
+        half = _half_of(dtype)
+        if half and a.dtype != dtype:
+            a = _as_half(a, half, f"input {name}")
+        elif a.dtype != dtype and a.dtype.kind != dtype.kind and \
                 not (dtype.kind == "f" and a.dtype.kind in "iu"):
             raise ShapeError(f"input {name}: expected dtype {dtype}, got {a.dtype}")
         stage = self._stage.get(name)

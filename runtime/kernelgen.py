@@ -7,7 +7,8 @@ import math
 import re
 
 NP_DTYPE = {"f32": "np.float32", "f64": "np.float64", "i32": "np.int32",
-            "u8": "np.uint8"}          # u8: the bytes of a storage-typed value (types.STORAGE)
+            "f16": "np.uint16", "bf16": "np.uint16",    # a half value's 16 bits
+            "u8": "np.uint8"}          # u8: the bytes of a block-typed value (types.STORAGE)
 
 # a float literal in an op's expression template (not part of a name or an attribute access)
 FLOAT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)")

@@ -283,7 +283,7 @@ def test_matmul_inner_dimension_message():
     (lambda x, v, i: jg.permute(x, (0, 0)), r"permute: axes \[0, 0\] are not a permutation"),
     (lambda x, v, i: jg.broadcast_to(x, (13, 7)), r"broadcast_to: cannot broadcast x f32\[7,13\]"),
     (lambda x, v, i: x + i, r"add: dtypes differ: x f32\[7,13\], i i32\[7,13\]"),
-    (lambda x, v, i: jg.exp(i), r"exp: operand must be f32 or f64, got i i32\[7,13\]"),
+    (lambda x, v, i: jg.exp(i), r"exp: operand must be a float \(f32, f64, f16, bf16\), got i i32\[7,13\]"),
     (lambda x, v, i: jg.get_rows(x, v), r"get_rows: indices must be i32, got v f32\[7\]"),
     (lambda x, v, i: jg.slice(x, (0, 3, 0)), r"slice: axis 0: step must not be 0"),
     (lambda x, v, i: jg.pad(x, [(0, -1), (0, 0)]), r"pad: pads must be non-negative"),
@@ -305,7 +305,7 @@ def test_graph_building_errors():
         x + y
     with pytest.raises(jg.ShapeError, match="name 'x' is already used"):
         g.param("x", (3,))
-    with pytest.raises(jg.ShapeError, match="trainable params must be f32 or f64"):
+    with pytest.raises(jg.ShapeError, match="trainable params must be f32, f64, f16 or bf16"):
         g.param("k", (3,), "i32")
     with pytest.raises(jg.ShapeError, match=r"update 'x': .* is not a param|'x' is not a param"):
         g.update(x=x)

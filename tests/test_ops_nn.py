@@ -378,7 +378,7 @@ ERRORS = [
     ([((1, 1, 4, 4), "f32")], lambda x: jg.max_pool2d(x, 2, padding=2),
      r"max_pool2d: padding \(2, 2\) must be at most half the kernel \(2, 2\)"),
     ([((1, 1, 4, 4), "f32")], lambda x: jg.avg_pool2d(x, 5), r"avg_pool2d: window \(5, 5\)"),
-    ([((4, 4), "i32")], lambda x: jg.softmax(x), r"softmax: operand must be f32 or f64, got x0 i32"),
+    ([((4, 4), "i32")], lambda x: jg.softmax(x), r"softmax: operand must be a float \(f32, f64, f16, bf16\), got x0 i32"),
     ([((4, 4), "f32")], lambda x: jg.softmax(x, axis=2), r"softmax: axis 2 out of range"),
     ([((3, 2, 5), "f32"), ((3,), "i32")], lambda x, p: jg.rope(x, p), r"rope: head_dim must be even"),
     ([((3, 2, 4), "f32"), ((2,), "i32")], lambda x, p: jg.rope(x, p),

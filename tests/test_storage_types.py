@@ -72,8 +72,8 @@ def test_build_time_refusals_name_the_op_and_the_type():
         jg.ops.matmul(x64, w, tb=True)
     with pytest.raises(ShapeError, match="input q: q4_k is a storage type"):
         g.input("q", (2, 256), "q4_k")
-    with pytest.raises(ShapeError, match="trainable params must be f32 or f64"):
-        g.param("t", (2, 32), "bf16")
+    with pytest.raises(ShapeError, match="trainable params must be f32, f64, f16 or bf16"):
+        g.param("t", (2, 256), "q4_k")
     with pytest.raises(ShapeError, match="multiple of its block, 256"):
         g.param("u", (2, 32), "q6_k", trainable=False)
     # a wrong value is refused when it is set, naming the param and both types

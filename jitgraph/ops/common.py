@@ -12,7 +12,7 @@ def apply(op: str, *operands, **attrs):
     from ..ir import Tensor, _graph_of
     g = _graph_of(*operands)
     like = next(x for x in operands if isinstance(x, Tensor))
-    dt = "f32" if like.type.is_storage else like.dtype     # the op then refuses the storage type
+    dt = "f32" if like.type.is_block else like.dtype     # the op then refuses the block type
     ts = [x if isinstance(x, Tensor) else const(g, x, dt) for x in operands]
     return g.add(op, ts, attrs)
 
@@ -58,7 +58,7 @@ def same_dtype(args, what):
 
 def need_float(arg, what="operand"):
     if not arg.type.is_float:
-        raise ShapeError(f"{what} must be f32 or f64, got {arg}")
+        raise ShapeError(f"{what} must be a float (f32, f64, f16, bf16), got {arg}")
 
 
 def broadcast(args) -> tuple:

@@ -35,7 +35,14 @@ def _full_infer(args, a):
 register("full", arity=0, kind="elementwise", expr="{value}", fusion=("constant",),
          attrs={"value": ("float", 0.0), "shape": ("ints", ()), "dtype": ("dtype", "f32")},
          infer=_full_infer,
-         ref=lambda a: np.full(a["shape"], a["value"], dtype=TensorType(a["dtype"], ()).np_dtype))
+         ref=lambda a: np.full(a["shape"], a["value"], dtype=_computed(a["dtype"])))
+
+
+def _computed(dtype):
+    """The numpy dtype a reference computes a `dtype` result in: f32 for the half types (the
+    interpreter rounds it to the type, jitgraph/half.py)."""
+    t = TensorType(dtype, ())
+    return np.float32 if t.is_half else t.np_dtype
 
 # ---- arithmetic --------------------------------------------------------------------------
 _binary("add", lambda a, x, y: x + y, "{0} + {1}", float_only=False, fusion=("accumulate",),
@@ -138,8 +145,8 @@ def _cast_infer(args, a):
     return TensorType(a["dtype"], args[0].shape)
 
 
-register("cast", arity=1, kind="elementwise", expr="{0}", attrs={"dtype": ("dtype", "f32")},
-         infer=_cast_infer, ref=lambda a, x: x.astype(TensorType(a["dtype"], ()).np_dtype),
+register("cast", arity=1, kind="elementwise", expr="{0}", half="convert", attrs={"dtype": ("dtype", "f32")},
+         infer=_cast_infer, ref=lambda a, x: x.astype(_computed(a["dtype"])),
          vjp=lambda g, out, xs, a: [cast(g, xs[0].dtype) if xs[0].type.is_float else None])
 
 

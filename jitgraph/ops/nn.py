@@ -206,13 +206,13 @@ def _rope_ref(a, x, pos, factors=None, sign=1.0):
 
 
 _ROPE = {"theta": ("float", 10000.0), "mode": ("str", "normal")}
-register("rope", kind="opaque", arity=(2, 3), attrs=_ROPE, infer=_rope_infer,
+register("rope", kind="opaque", half="compute", arity=(2, 3), attrs=_ROPE, infer=_rope_infer,
          ref=lambda a, x, pos, f=None: _rope_ref(a, x, pos, f),
          vjp=lambda g, out, xs, a: [apply("rope_back", g, *xs[1:], **a)] + [None] * (len(xs) - 1),
          doc='rope(x[..., seq, heads, head_dim], pos i32[seq][, factors[head_dim/2]]); mode '
              '"normal" rotates (x[2i], x[2i+1]) (ggml mode 0), "neox" rotates (x[i], '
              'x[i + head_dim/2]); factors divide the frequencies (ggml_rope_ext freq_factors)')
-register("rope_back", kind="opaque", arity=(2, 3), attrs=_ROPE, infer=_rope_infer,
+register("rope_back", kind="opaque", half="compute", arity=(2, 3), attrs=_ROPE, infer=_rope_infer,
          ref=lambda a, g, pos, f=None: _rope_ref(a, g, pos, f, -1.0),
          vjp=lambda g, out, xs, a: [apply("rope", g, *xs[1:], **a)] + [None] * (len(xs) - 1),
          doc="rope_back(grad_out, pos[, factors]): the inverse rotation")
@@ -234,7 +234,7 @@ def _causal_mask_ref(a, x):
     return np.where(keep, x, np.asarray(a["value"], x.dtype))
 
 
-register("causal_mask", kind="opaque", arity=1,
+register("causal_mask", kind="opaque", half="compute", arity=1,
          attrs={"n_past": ("int", 0), "value": ("float", -np.inf)},
          infer=_causal_mask_infer, ref=_causal_mask_ref,
          vjp=lambda g, out, xs, a: [apply("causal_mask", g, n_past=a["n_past"], value=0.0)],

@@ -40,7 +40,7 @@ def _permute_infer(args, a):
     return TensorType(x.dtype, tuple(x.shape[i] for i in axes))
 
 
-register("permute", arity=1, kind="opaque", attrs={"axes": ("ints", ())}, infer=_permute_infer,
+register("permute", half="move", arity=1, kind="opaque", attrs={"axes": ("ints", ())}, infer=_permute_infer,
          ref=lambda a, x: np.array(np.transpose(x, a["axes"]), order="C"))  # 0-d stays 0-d
 
 
@@ -73,7 +73,7 @@ def _concat_infer(args, a):
     return TensorType(dt, tuple(shape))
 
 
-register("concat", arity=None, kind="opaque", attrs={"axis": ("int", 0)}, infer=_concat_infer,
+register("concat", half="move", arity=None, kind="opaque", attrs={"axis": ("int", 0)}, infer=_concat_infer,
          ref=lambda a, *xs: np.concatenate(xs, axis=a["axis"]))
 
 
@@ -100,7 +100,7 @@ def _np_index(slices):
     return tuple(builtins.slice(s, None if e < 0 else e, st) for s, e, st in slices)
 
 
-register("slice", arity=1, kind="opaque", attrs={"slices": ("slices", ())}, infer=_slice_infer,
+register("slice", half="move", arity=1, kind="opaque", attrs={"slices": ("slices", ())}, infer=_slice_infer,
          ref=lambda a, x: np.array(x[_np_index(a["slices"])], order="C"),
          doc="slices=((start, stop, step), ...) per axis, normalised (stop=-1: "
              "before index 0 with a negative step)")
@@ -149,7 +149,7 @@ def _slice_back_ref(a, g):
     return out
 
 
-register("slice_back", arity=1, kind="opaque", infer=_slice_back_infer, ref=_slice_back_ref,
+register("slice_back", half="compute", arity=1, kind="opaque", infer=_slice_back_infer, ref=_slice_back_ref,
          attrs={"shape": ("ints", ()), "slices": ("slices", ())},
          doc="slice_back(g) [shape, slices]: zeros of `shape` with g scattered into the slice")
 
@@ -163,7 +163,7 @@ def _pad_infer(args, a):
     return TensorType(x.dtype, tuple(d + b + e for d, (b, e) in zip(x.shape, pads)))
 
 
-register("pad", arity=1, kind="opaque", attrs={"pads": ("int_pairs", ()), "value": ("float", 0.0)},
+register("pad", half="compute", arity=1, kind="opaque", attrs={"pads": ("int_pairs", ()), "value": ("float", 0.0)},
          infer=_pad_infer,
          ref=lambda a, x: np.pad(x, a["pads"], constant_values=np.asarray(a["value"], x.dtype)))
 
@@ -226,7 +226,9 @@ register("get_rows_back", arity=2, kind="opaque", infer=_get_rows_back_infer,
 # ---- matmul ------------------------------------------------------------------------------------
 def _matmul_infer(args, a):
     x, w = args
-    if w.type.is_storage:       # a frozen weight in its file's type, read dequantized to f32
+    if w.type.is_block or w.type.is_half and x.dtype != w.dtype:
+        # a weight in a storage type (a frozen one in its file's type) read by an f32 matmul,
+        # dequantized to f32
         if x.dtype != "f32" or w.ndim != 2 or a["ta"]:
             raise ShapeError(f"a {w.dtype} weight is read as the 2-D second operand of an f32 "
                              f"matmul without ta: got {x}{'^T' if a['ta'] else ''} @ {w}")
@@ -264,7 +266,7 @@ def _mm_flops(ins, out, a):
     return 2 * out.size * ins[0].shape[-2 if a["ta"] else -1]
 
 
-register("matmul", arity=2, kind="contraction", fusion=("prologue", "epilogue"), cheap=False,
+register("matmul", arity=2, half="compute", kind="contraction", fusion=("prologue", "epilogue"), cheap=False,
          flops=_mm_flops, infer=_matmul_infer, ref=_mm_ref, storage=(1,),
          attrs={"ta": ("bool", False), "tb": ("bool", False)},
          doc="numpy matmul semantics for 2-D and batched operands; ta/tb transpose the last two "
@@ -354,8 +356,12 @@ def _matmul_vjp(g, out, xs, a):
     ta, tb = a["ta"], a["tb"]
     # d/dX of op(X) @ op(W): dop(X) = g @ op(W)^T; dX = dop(X) or its transpose
     gx = apply("matmul", w, g, ta=tb, tb=True) if ta else apply("matmul", g, w, ta=False, tb=not tb)
-    if w.type.is_storage:       # a frozen weight in its file's type: no gradient
+    if w.type.is_block:         # a frozen weight in its file's type: no gradient
         return [unbroadcast(gx, x.shape), None]
+    if w.type.dtype != x.dtype:     # a half weight read by an f32 matmul: f32 gradient, rounded
+        gw = apply("matmul", g, x, ta=True, tb=ta) if tb else \
+            apply("matmul", x, g, ta=not ta, tb=False)
+        return [unbroadcast(gx, x.shape), apply("cast", unbroadcast(gw, w.shape), dtype=w.dtype)]
     gw = apply("matmul", g, x, ta=True, tb=ta) if tb else apply("matmul", x, g, ta=not ta, tb=False)
     return [unbroadcast(gx, x.shape), unbroadcast(gw, w.shape)]
 
@@ -394,7 +400,9 @@ def _pad_vjp(g, out, xs, a):
 @defvjp("get_rows")
 def _get_rows_vjp(g, out, xs, a):
     w, idx = xs
-    return [apply("get_rows_back", g, idx, n_rows=w.shape[0]), None]
+    gw = apply("get_rows_back", g, idx, n_rows=w.shape[0])
+    # a half table gives f32 rows (read as a storage type): its gradient rounded to its type
+    return [apply("cast", gw, dtype=w.dtype) if w.type.is_half else gw, None]
 
 
 @defvjp("get_rows_back")

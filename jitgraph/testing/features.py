@@ -38,6 +38,8 @@ def features(g):
             f.add("no-op cast")
         if n.op == "cast" and n.type.dtype == "f64":
             f.add("cast f64")
+        if n.type.is_half:
+            f.add(f"{n.type.dtype} values")
         if n.op == "full":
             f.add("constant")
         if n.op not in ("input", "param") and len(users[n.id]) >= 2:

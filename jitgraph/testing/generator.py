@@ -5,8 +5,8 @@ compiler before, forced; the fuzzer cycles through them) and goes on with templa
 binary elementwise ops (domain-safe forms of log/sqrt/div/pow), python-number and full_like
 constants, reductions sum/mean/max/logsumexp over axis=(), one axis, the size-1 axes, several
 or all axes (keepdims or not), argmax, views (reshape merge/split/unit axes/no-op, permute,
-transpose, slice with steps 1/2/-1, broadcast_to incl. the no-op, cast to the same dtype and
-f64 round trips, concat), GEMMs (square weights so the result meets its operand again; the
+transpose, slice with steps 1/2/-1, broadcast_to incl. the no-op, cast to the same dtype, f64
+round trips and, in forward mode, stretches in f16 / bf16, concat), GEMMs (square weights so the result meets its operand again; the
 operand computed by an elementwise producer that others read too; batched; transposed), the
 primitive forms of softmax / log_softmax / logsumexp / rms_norm / layer_norm (the ones
 passes/patterns.py rewrites, on values, on constants and on values read elsewhere), the row ops
@@ -165,6 +165,7 @@ FOCI = {
                          ("view", dict(view=("broadcast_to", "reshape", "permute")))]),
     "no-ops": dict(steps=[("view", dict(view=("noop_broadcast",))),
                           ("view", dict(view=("cast",))), ("view", dict(view=("cast64",)))]),
+    "half": dict(steps=[("view", dict(view=("half",))), ("view", dict(view=("half",)))]),
     "loss": dict(steps=[("loss", {})]),
     "free": dict(steps=[]),
 }
@@ -442,8 +443,18 @@ class _Gen:
             r = jg.broadcast_to(v, s)
         elif kind == "cast":
             r = jg.cast(v, "f32")
-        elif kind == "cast64":
+        elif kind == "cast64" or kind == "half" and (self.mode != "forward" or v.dtype != "f32"):
             r = jg.cast(self.unary(jg.cast(v, "f64"), ch.choice(("tanh", "sqr", "neg"))), "f32")
+        elif kind == "half":
+            # a stretch in f16 or bf16 (forward only: finite differences cannot cross its
+            # roundings): unary ops, a product, a reduction, back to f32
+            h = jg.cast(v, ch.choice(("bf16", "f16")))
+            r = self.unary(h)
+            if ch.coin():
+                r = r * h
+            if s and ch.coin(0.3):
+                r = jg.sum(r, axis=-1, keepdims=True)
+            r = jg.cast(r, "f32")
         else:
             if not s:
                 return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 import jitgraph as jg
+from jitgraph.half import round_to, to_f32
 from jitgraph.registry import get_op
 
 
@@ -19,6 +20,10 @@ U32 = 2.0 ** -24            # float32 unit roundoff
 
 
 DELTA = 8 * U32             # relative noise per value in the sensitivity runs
+
+# unit roundoff of the half types: a half value's noise (at `delta` = DELTA) is one of it, the
+# most its rounding moves it, so C_TOL of spread is 16 of them (bf16: 3 %, f16: 0.4 %)
+HALF_U = {"bf16": 2.0 ** -9, "f16": 2.0 ** -12}
 
 
 C_TOL = 16.0                # an error must exceed C_TOL times the noise spread to count
@@ -78,10 +83,13 @@ def _run(g, inputs, params, rng=None, delta=0.0):
             if v.shape != n.type.shape:             # as jg.interp.run checks
                 raise AssertionError(f"{n.op} %{n.id}: reference returned shape {v.shape}, "
                                      f"shape rule says {n.type}")
-            v = v.astype(n.type.np_dtype, copy=False)
+            # a half value is held as its float value (f32), rounded as jitgraph/half.py does
+            v = to_f32(round_to(v, n.type.dtype), n.type.dtype) if n.type.is_half else \
+                v.astype(n.type.np_dtype, copy=False)
         if rng is not None and v.dtype.kind == "f" and (n.op not in _EXACT or n.op in (
                 "input", "param")):
-            v = v * (1.0 + delta * rng.uniform(-1.0, 1.0, v.shape))
+            d = delta * HALF_U[n.type.dtype] / DELTA if n.type.is_half else delta
+            v = v * (1.0 + d * rng.uniform(-1.0, 1.0, v.shape))
         vals.append(v)
     return ({k: vals[i] for k, i in g.outputs.items()},
             {k: vals[i] for k, i in g.updates.items()}, vals)

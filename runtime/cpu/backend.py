@@ -14,6 +14,9 @@ from jitgraph.plan import ALIGN   # bytes: regions start on a cache line, as eve
 from . import cache
 
 
+F16 = np.dtype(np.float16)
+
+
 class CPU:
     """numba on the host: C-callable kernels, and per program one driver in LLVM IR
     calling them (compiled by llvmlite)."""
@@ -25,7 +28,11 @@ class CPU:
         from .threading import configure
         configure()           # before numba starts its thread pool
         from .pointers import address
-        self.address = address      # a numba function, cheaper than ctypes (every input, step)
+
+        def typed_address(a):
+            # numba types no float16 array (an f16 value): its bits' view lies at the same place
+            return address(a.view(np.uint16) if a.dtype == F16 else a)
+        self.address = typed_address    # numba's, cheaper than ctypes (every input, step)
         from .blas import adapt
         self.before_step = adapt    # the Program calls it before each step: the one-thread
                                     # bound of small GEMMs follows the machine's load

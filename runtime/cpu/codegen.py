@@ -35,7 +35,7 @@ import math
 import numpy as np
 from numba import carray, cfunc, njit, prange, types
 
-from jitgraph.runtime.cpu import approx
+from jitgraph.runtime.cpu import approx, halfconv
 from jitgraph.runtime.cpu.pointers import ptr
 '''
 
@@ -92,7 +92,7 @@ def entry_module(graph, call, name_of):
         else:
             shape, dt = a[1], graph.nodes[a[0]].type.dtype
             t = graph.nodes[a[0]].type
-            if t.is_storage:            # a weight in its file's type: its rows' bytes
+            if t.is_block:              # a weight in a block type: its rows' bytes
                 shape, dt = (t.size // t.shape[-1], t.row_bytes), "u8"
         if shaped:
             spelled = literal(tuple(shape))

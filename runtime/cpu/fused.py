@@ -21,10 +21,11 @@ from .lower import FMAX_IMPORTS, PARALLEL_MIN_WORK, Call, Workspace, aligned, ge
     reduction, stored_weight, transposed_weight
 
 
-def scalar_expr(n, args) -> str:
-    """Node n's value from operand expressions `args`, cast to its dtype: the op's expression
-    as this backend spells it (runtime/cpu/spelling.py)."""
-    return kernelgen.scalar_expr(n, args, spelling.expr(n.op, n.type.dtype))
+def scalar_expr(g, n, args) -> str:
+    """Node n of graph g's value from operand expressions `args`, cast to its dtype: the op's
+    expression as this backend spells it (runtime/cpu/spelling.py)."""
+    src = tuple(g.nodes[i].type.dtype for i in n.inputs)
+    return kernelgen.scalar_expr(n, args, spelling.expr(n.op, n.type.dtype, src))
 
 
 def cost(n) -> int:
@@ -81,7 +82,7 @@ class Builder:
         lines = []
         for m in nodes:
             n = self.g.nodes[m]
-            lines.append(pad + f"{self.local(m)} = {scalar_expr(n, [vals[i] for i in n.inputs])}"
+            lines.append(pad + f"{self.local(m)} = {scalar_expr(self.g, n, [vals[i] for i in n.inputs])}"
                          f"  # {n.op}")
             vals[m] = self.local(m)
         return lines

@@ -27,6 +27,7 @@ from jitgraph.types import STORAGE
 from .approx import _from_bits
 from .blas import (GEMV_WEIGHT, _pool_threads, _serial_max, _small_max, _tiled, one_thread,
                    restore_threads)
+from .halfconv import bf16_f32, bf16_round_bits
 from .lib_common import PAR_MIN_WORK, kernel, pkernel
 from .lib_qdot import LANES, _half, _scale_min_k4, dot_rows, has_row_dot
 
@@ -79,7 +80,7 @@ def _dq_f16(src, out):
 def _dq_bf16(src, out):
     h = src.view(np.uint16)
     for i in range(out.shape[0]):
-        out[i] = _from_bits(np.int32(np.int64(h[i]) << 16))
+        out[i] = bf16_f32(h[i])
 
 
 @kernel
@@ -460,9 +461,7 @@ def _bf16_rows(x, out):
     for r in prange(x.shape[0]):
         xr, yr = x[r], out[r]
         for j in range(xr.shape[0]):
-            n = np.int64(xr[j])
-            n = (n & 0xFFFF0000) | 0x400000 if (n & 0x7FFFFFFF) > 0x7F800000 else n
-            yr[j] = np.uint16((n + 0x7FFF + ((n >> 16) & 1)) >> 16)
+            yr[j] = bf16_round_bits(np.int64(xr[j]))
 
 
 def quantize_rows(kind, x):

@@ -32,10 +32,25 @@ EXPR = {**{op: _approx(op) for op in ("exp", "log", "tanh", "sigmoid", "softplus
         "pow": {"f32": "approx.fpow({0}, {p})"}}
 
 
-def expr(op, dtype) -> str:
-    """Op's scalar expression template in `dtype` as this backend spells it: EXPR's where it
-    has one, else the op's portable OpDef.expr."""
-    return EXPR.get(op, {}).get(dtype) or get_op(op).expr
+# a half value in a kernel is its bits (uint16); runtime/cpu/halfconv.py converts
+_FROM_HALF = {"f16": "halfconv.f16_f32({0})", "bf16": "halfconv.bf16_f32({0})"}
+_TO_HALF = {"f16": "halfconv.f32_f16(np.float32({0}))", "bf16": "halfconv.f32_bf16(np.float32({0}))"}
+
+
+def expr(op, dtype, sources=()) -> str:
+    """Op's scalar expression template in `dtype` over operands of dtypes `sources` as this
+    backend spells it: EXPR's where it has one, else the op's portable OpDef.expr. The only
+    op computing with half types is the conversion (OpDef.half "convert": passes/half.py
+    rewrites the others), spelled through f32."""
+    d = get_op(op)
+    if dtype in _TO_HALF or any(s in _FROM_HALF for s in sources):
+        if d.half != "convert":
+            raise NotImplementedError(f"{op} over {', '.join(sources)} -> {dtype}: the CPU "
+                                      f"backend computes half types only by conversion "
+                                      f"(passes/half.py)")
+        src = _FROM_HALF.get(sources[0], "{0}")
+        return _TO_HALF[dtype].format(src) if dtype in _TO_HALF else src
+    return EXPR.get(op, {}).get(dtype) or d.expr
 
 
 # Per-element math of row formulas, as fused.rows spells it: {exp} is approx's exp of the

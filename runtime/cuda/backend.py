@@ -51,10 +51,12 @@ class CUDA:
         from .generate import generate, listing
         stored = [n for n in kernels.graph.nodes if n.type.is_storage]
         if stored:
+            what = "half-precision values (f16, bf16)" if stored[0].type.is_half else \
+                "storage types"
             raise NotImplementedError(
-                f"the cuda backend does not read storage types yet: %{stored[0].id} "
+                f"the cuda backend does not read {what} yet: %{stored[0].id} "
                 f"({stored[0].attr.get('name', stored[0].op)}) is {stored[0].type}; "
-                f"use target='cpu' or an f32 weight")
+                f"use target='cpu' or f32")
         gen = generate(kernels, plan, self.tpb, self.tile, self.max_blocks)
         return gen, listing(gen, kernels.graph)
 

@@ -1,0 +1,58 @@
+"""The half types as the kernels compute them: every computing op over f16 / bf16 values becomes
+the same op over f32, its half operands cast to f32 and its half result cast back, so `cast`
+is the one op a backend computes with half operands or results (OpDef.half "convert"), and
+fusion puts those casts inside the kernels (a GEMM's operands converted in its prologue, a row
+op's row read and written as half). The meaning is unchanged: the reference (jitgraph/half.py)
+computes each op in f32 and rounds its result, which is what the casts do.
+
+Ops that move elements ("move": reshape, permute, slice, concat) keep their half types, and
+so does an f32 op reading a half operand at a storage position (OpDef.storage: an f32 matmul's
+weight, get_rows' table: the storage-type kernels read it). A half GEMM converts both operands
+to f32 (in its prologue) and runs sgemm, faster than lib.qgemm's tile-by-tile conversion.
+"""
+from __future__ import annotations
+
+from jitgraph.ir import LEAF_OPS, copy_node, rebuild
+from jitgraph.registry import get_op
+
+from .report import Report
+
+
+def _touches_half(graph, n) -> bool:
+    """Whether node n computes with half values: a half result, or a half operand at a
+    position that is no storage position (OpDef.storage: there an f32 op reads a half weight
+    as a frozen weight in its file's type, dequantized by the storage-type kernels)."""
+    storage = get_op(n.op).storage if n.op not in LEAF_OPS else ()
+    return n.type.is_half or any(graph.nodes[i].type.is_half and p not in storage
+                                 for p, i in enumerate(n.inputs))
+
+
+def compute_in_f32(graph):
+    """(graph, Report): graph with its half-typed computing ops rewritten over f32."""
+    count = {"ops": 0, "casts": 0}
+    if not any(_touches_half(graph, n) for n in graph.nodes):
+        return graph, Report("half", dict(count))
+
+    read = {}                       # half value -> its f32 cast (one per value)
+
+    def f32(g, i):
+        if i not in read:
+            count["casts"] += 1
+            read[i] = g.emit("cast", (i,), {"dtype": "f32"})
+        return read[i]
+
+    def rule(g, n, new):
+        if n.op in LEAF_OPS or get_op(n.op).half in ("move", "convert") or \
+                not _touches_half(graph, n):
+            return copy_node(g, n, new)
+        count["ops"] += 1
+        attrs = {k: ("f32" if k == "dtype" and v in ("f16", "bf16") else v) for k, v in n.attrs}
+        nid = g.emit(n.op, [f32(g, new[i]) if graph.nodes[i].type.is_half else new[i]
+                            for i in n.inputs], attrs)
+        if n.type.is_half:
+            count["casts"] += 1
+            nid = g.emit("cast", (nid,), {"dtype": n.type.dtype})
+        return nid
+
+    out, _ = rebuild(graph, rule)
+    return out, Report("half", dict(count))
