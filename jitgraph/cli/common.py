@@ -206,6 +206,30 @@ def check_outputs(args, inputs: dict) -> None:
     check_tensorboard(args)
 
 
+PRECISIONS = ("f32", "bf16", "f16")
+
+
+def add_precision_flag(p):
+    """--precision: a training command's mixed precision (jg.compile's precision=)."""
+    p.add_argument("--precision", choices=PRECISIONS, default="f32",
+                   help="f32, or mixed precision: bf16 or f16 GEMMs (forward and backward; "
+                        "params, norms, losses and the optimizer stay f32); f16 scales the "
+                        "loss dynamically (--loss-scale)")
+
+
+def resume_precision(args, path, saved) -> None:
+    """--precision of a resumed run: the checkpoint's (`saved`; a checkpoint of an older
+    jitgraph records none: f32). A --precision given that differs is an error: params,
+    optimizer state and the loss scale continue bit for bit only in the precision they were
+    trained in."""
+    saved = saved or "f32"
+    if "precision" in getattr(args, "given", ()) and args.precision != saved:
+        raise ValueError(f"--resume {path}: the checkpoint was trained with --precision {saved}, "
+                         f"not {args.precision}; a resumed run keeps its precision (give "
+                         f"--precision {saved} or leave it out)")
+    args.precision = saved
+
+
 def add_compile_flags(p):
     """--no-fuse and --no-plan, the compiler switches every compiling command offers."""
     p.add_argument("--no-fuse", action="store_true",

@@ -52,9 +52,10 @@ import numpy as np
 from ..formats.llama_checkpoint import load_llama_checkpoint, save_llama_checkpoint
 from ..lora import SHORTHANDS
 from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compile_flags,
-                     add_ftype, add_threads_flag, adopt_resumed, apply_threads, check_model_file,
-                     check_outputs, compile_progress, compile_target, float_in, int_at_least,
-                     note_unsaved, say, warn)
+                     add_ftype, add_precision_flag, add_threads_flag, adopt_resumed,
+                     apply_threads, check_model_file, check_outputs, compile_progress,
+                     compile_target, float_in, int_at_least, note_unsaved, resume_precision,
+                     say, warn)
 from .logs import add_log_option, open_log
 
 VAL_BATCHES = 20
@@ -205,6 +206,7 @@ def _loop_options(p, steps):
     add_log_option(p)
     add_threads_flag(p)
     add_compile_flags(p)
+    add_precision_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar and no per-evaluation lines")
@@ -556,6 +558,10 @@ def _optimizer(args, acc, steps_per_epoch=1):
     return kind(lr=lr, weight_decay=args.weight_decay, accumulate=acc)
 
 
+def _precision_line(args) -> str:
+    return "" if args.precision == "f32" else f", {args.precision} mixed precision"
+
+
 def _optimizer_line(args):
     name = "SGD" if getattr(args, "optimizer", "adamw") == "sgd" else "AdamW"
     if getattr(args, "lr_min", None) is not None:
@@ -752,7 +758,7 @@ def _compile(args, graph, what, world=None, params=None, opt=None):
                           plan_memory=not args.no_plan, checkpoint=args.recompute,
                           seed=args.seed, copy_outputs=False,
                           hook=None if world is None else world.hook, target=target,
-                          params=params)
+                          params=params, precision=args.precision)
     return prog, acc, time.perf_counter() - t0
 
 
@@ -787,6 +793,7 @@ def _resume(args, kind, resumed):
     if args.text is not None and "text" in getattr(args, "given", ()):
         saved.pop("text")            # the user's copy: _read_text checks it against the hash
     adopt_resumed(args, args.resume, saved, _warn_once)
+    resume_precision(args, args.resume, meta["args"].get("precision"))
     Run.checkpoint, Run.epoch, Run.unit = args.resume, meta["step"], "step"
     epochs = getattr(args, "epochs", None)
     if ("epoch" in meta) != bool(epochs):
@@ -826,7 +833,7 @@ def _read_text(args, meta=None):
 def _meta(args, kind, resumed, trainer, curve, data, extra=None):
     """A checkpoint's JSON: the options (the text as an absolute path, so a resume from another
     directory finds it), the program's and the sampler's state, the curve."""
-    saved = {k: getattr(args, k) for k in resumed}
+    saved = {k: getattr(args, k) for k in (*resumed, "precision")}
     if saved.get("text") is not None:
         saved["text"] = os.path.abspath(saved["text"])
     return {"kind": kind, "args": saved,
@@ -841,7 +848,8 @@ def _summary(trainer, timing, curve, compile_s):
     return {"train_loss": last.get("train"), "val_loss": last.get("val"),
             "steps": trainer.step, "ms_per_step": 1e3 * sec / ran if ran else None,
             "tokens_per_second": trainer.tokens_per_step * ran / sec if ran else None,
-            "compile_seconds": compile_s, "curve": curve}
+            "compile_seconds": compile_s, "curve": curve,
+            "precision": trainer.program.options.precision}
 
 
 def _count(n):
@@ -990,6 +998,7 @@ def _train_llama(args, world):
               f"({cfg.kv_heads} kv), ff {cfg.ff}, ctx {cfg.ctx}, vocab {cfg.vocab}: "
               f"{_count(mem['params'])} params; batch {args.batch_size}"
               f"{f' x {acc} accumulated' if acc > 1 else ''}, AdamW lr {args.lr}"
+              f"{_precision_line(args)}"
               f"{f', recompute {args.recompute}' if args.recompute else ''}; compiled in "
               f"{compile_s:.2f} s (arena {_bytes(mem['arena_bytes'])})")
     _data_parallel_line(args, world)
@@ -1122,6 +1131,7 @@ def _finetune(args, world):
     say(args, f"finetune ({mode}): batch {args.batch_size}"
               f"{f' x {acc} accumulated' if acc > 1 else ''}, ctx {args.ctx}, "
               f"{_optimizer_line(args)}{f', recompute {args.recompute}' if args.recompute else ''}"
+              f"{_precision_line(args)}"
               f"; compiled in {compile_s:.2f} s")
     say(args, f"{mem['trainable_params']:,} trainable params of {mem['params']:,}; "
               f"{_memory_line(mem)}")

@@ -13,8 +13,8 @@ import warnings
 from jitgraph.passes.pipeline import IR_STAGES as STAGES   # the IRs `dump --stage` can print
 
 from .common import (EXIT_ERROR, EXIT_INTERRUPT, EXIT_TERMINATED, HelpFormatter, Run, Terminated,
-                     add_compile_flags, add_ftype, add_target_flags, add_threads_flag, float_in,
-                     in_worker, int_at_least, raise_terminated)
+                     add_compile_flags, add_ftype, add_precision_flag, add_target_flags,
+                     add_threads_flag, float_in, in_worker, int_at_least, raise_terminated)
 from .llama import add_lora_options, export_lora, generate_text, score_perplexity
 from .dump import add_picture_options
 from .logs import add_log_option
@@ -78,6 +78,7 @@ def parser():
                         "afresh")
     add_log_option(t)
     add_compile_flags(t)
+    add_precision_flag(t)
     for m in models:
         h = f"train the MNIST model {m} with compiled kernels"
         mp = ts.add_parser(m, parents=[t], help=h, description=h[0].upper() + h[1:] + ".",

@@ -9,7 +9,8 @@ import os
 import time
 
 from .common import (Run, Terminated, adopt_resumed, check_model_file, check_outputs,
-                     compile_progress, compile_target, int_at_least, note_unsaved, say, warn)
+                     compile_progress, compile_target, int_at_least, note_unsaved,
+                     resume_precision, say, warn)
 from .logs import StepLog, log_result, open_log
 
 
@@ -41,6 +42,10 @@ def _load_data(args, need_train=True):
         return train, data.load_mnist(args.data, "test")
     train = data.synthetic_digits(args.n_train, seed=args.seed) if need_train else None
     return train, data.synthetic_digits(args.n_test, seed=args.seed + 1_000_003)
+
+
+def _precision_line(args) -> str:
+    return "" if args.precision == "f32" else f", {args.precision} mixed precision"
 
 
 def _finite(v):
@@ -95,6 +100,7 @@ def _train_ranks(args, world):
                              f"{args.model}")
         adopt_resumed(args, args.resume, {k: meta["args"].get(k, False if k.startswith("no_")
                                                              else None) for k in RESUMED})
+        resume_precision(args, args.resume, meta["args"].get("precision"))
         Run.checkpoint, Run.epoch = args.resume, meta["epoch"]   # until a newer one is saved
     elif args.logical_batch is not None and (args.logical_batch < args.batch_size or
                                              args.logical_batch % args.batch_size):
@@ -129,7 +135,8 @@ def _train_ranks(args, world):
     def build():
         prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
                           plan_memory=not args.no_plan, seed=args.seed,
-                          hook=None if world is None else world.hook, target=target)
+                          hook=None if world is None else world.hook, target=target,
+                          precision=args.precision)
         return prog, Trainer(prog, train_ds, batch_size=args.batch_size,
                              logical_batch=args.logical_batch, val_split=args.val_split,
                              seed=args.seed, world=world)
@@ -147,7 +154,7 @@ def _train_ranks(args, world):
     say(args, f"{args.model}: batch {args.batch_size}"
               f"{f', logical batch {lb}' if lb != args.batch_size else ''}, "
               f"{trainer.n_train} samples train and {len(train_ds) - trainer.n_train} validate "
-              f"each epoch; compiled in {compile_s:.2f} s")
+              f"each epoch{_precision_line(args)}; compiled in {compile_s:.2f} s")
     if world is not None:
         say(args, f"data parallel: {world.size} MPI ranks, {args.batch_size // world.size} "
                   f"samples of each batch and {world.threads} thread(s) per rank")
@@ -163,7 +170,8 @@ def _train_ranks(args, world):
             say(args, f"epoch {last.epoch}/{args.epochs}: train {last.train}  val {last.val}  "
                       f"({last.seconds:.2f} s)")
             if args.checkpoint and (world is None or world.is_root):
-                meta_out = {"args": {k: getattr(args, k) for k in RESUMED},
+                meta_out = {"args": {**{k: getattr(args, k) for k in RESUMED},
+                                     "precision": args.precision},
                             "calls": prog.calls, "epoch": trainer.epoch,
                             "rng": trainer.rng.bit_generator.state,
                             "order": trainer.order.tolist()}
@@ -194,7 +202,7 @@ def _train_ranks(args, world):
             "epochs": trainer.epoch, "epoch_seconds": epoch_seconds,
             "compile_seconds": compile_s,
             "samples_per_second": n_train / sum(epoch_seconds) if epoch_seconds else None,
-            "data": _data_kind(args), "n_test": test.ndata,
+            "data": _data_kind(args), "n_test": test.ndata, "precision": args.precision,
             **({} if world is None else {"mpi_ranks": world.size,
                                          "allreduce_seconds": world.seconds["allreduce"]})}))
     return 0

@@ -1,0 +1,136 @@
+"""--precision on the training commands (jitgraph/cli): `train llama` and `finetune` in bf16
+follow the f32 run's losses within bf16 roundings and learn; the precision is in --json and in
+the checkpoint, and a resume in another precision is refused before anything compiles."""
+import json
+
+import numpy as np
+import pytest
+
+import jitgraph as jg
+from jitgraph import cli
+from jitgraph.cli import llama_train
+
+EPS = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}     # the formats' relative rounding bound
+TINY = ["--dim", "32", "--layers", "1", "--heads", "2", "--ctx", "16", "--batch-size", "4",
+        "--quiet"]
+
+
+def _last_json(text):
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def _losses(res, key):
+    return np.array([c[key] for c in res["curve"]])
+
+
+@pytest.fixture(scope="module")
+def llama_runs(tmp_path_factory):
+    """`train llama` TINY, 8 steps at a high learning rate, in f32 and in bf16, with
+    checkpoints."""
+    d = tmp_path_factory.mktemp("prec")
+    out = {}
+    for p in ("f32", "bf16"):
+        ck = d / f"{p}.ckpt"
+        with _Stdout() as got:
+            assert cli.main(["train", "llama", *TINY, "--steps", "8", "--eval-every", "1",
+                             "--lr", "3e-3", "--precision", p, "--checkpoint", str(ck),
+                             "--json"]) == 0
+        out[p] = (_last_json(got.text), ck)
+    return out
+
+
+class _Stdout:
+    """Captures sys.stdout (capsys is function-scoped; the fixtures are per module)."""
+
+    def __enter__(self):
+        import io
+        import sys
+        self.old, self.buf = sys.stdout, io.StringIO()
+        sys.stdout = self.buf
+        return self
+
+    def __exit__(self, *exc):
+        import sys
+        sys.stdout = self.old
+        self.text = self.buf.getvalue()
+
+
+@pytest.mark.slow
+def test_train_llama_bf16_follows_f32(llama_runs):
+    a, _ = llama_runs["f32"]
+    b, _ = llama_runs["bf16"]
+    assert a["precision"] == "f32" and b["precision"] == "bf16"
+    for key in ("train", "val"):
+        la, lb = _losses(a, key), _losses(b, key)
+        assert len(la) == len(lb) == 8
+        assert not np.array_equal(la, lb)                  # the bf16 GEMMs did round
+        np.testing.assert_allclose(lb, la, rtol=8 * EPS["bf16"], atol=0, err_msg=key)
+        assert lb[-1] < lb[0] - 0.1                         # and it learns
+    # the first step's loss comes from the same initial weights: only the forward's roundings
+    assert _losses(b, "train")[0] == pytest.approx(_losses(a, "train")[0], rel=2 * EPS["bf16"])
+
+
+@pytest.mark.slow
+def test_checkpoint_records_the_precision_and_resume_keeps_it(llama_runs, capsys,
+                                                              monkeypatch):
+    _, ck = llama_runs["bf16"]
+    meta = llama_train.load_llama_checkpoint(ck)[4]
+    assert meta["args"]["precision"] == "bf16"
+    _, ck32 = llama_runs["f32"]
+    assert llama_train.load_llama_checkpoint(ck32)[4]["args"]["precision"] == "f32"
+
+    def fail(*a, **k):
+        raise AssertionError("compiled before the precision was checked")
+    monkeypatch.setattr(jg, "compile", fail)
+    for path, other in ((ck, "f32"), (ck, "f16"), (ck32, "bf16")):
+        assert cli.main(["train", "llama", "--resume", str(path), "--steps", "9",
+                         "--precision", other, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        want = "bf16" if path == ck else "f32"
+        assert f"trained with --precision {want}, not {other}" in err, err
+        assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_resume_without_precision_continues_in_the_checkpoints(llama_runs, tmp_path, capsys):
+    """8 bf16 steps straight == 4, checkpoint, resume (no --precision given), 4 more: the
+    resumed run is bf16 and its params are bitwise the straight run's."""
+    _, straight = llama_runs["bf16"]
+    ck = tmp_path / "half.ckpt"
+    args = ["train", "llama", *TINY, "--eval-every", "1", "--lr", "3e-3"]
+    assert cli.main([*args, "--steps", "4", "--precision", "bf16", "--checkpoint", str(ck)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "llama", "--resume", str(ck), "--steps", "8", "--quiet",
+                     "--checkpoint", str(ck), "--json"]) == 0
+    res = _last_json(capsys.readouterr().out)
+    assert res["precision"] == "bf16" and res["steps"] == 8
+    _, _, pa, sa, _ = llama_train.load_llama_checkpoint(straight)
+    _, _, pb, sb, _ = llama_train.load_llama_checkpoint(ck)
+    for k in pa:
+        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+
+
+@pytest.mark.slow
+def test_finetune_bf16_follows_f32(testdata, tmp_path):
+    """A LoRA finetune of llama.cpp's stories260K, 4 steps, in f32 and bf16: the same losses
+    within bf16 roundings, decreasing."""
+    from jitgraph.models.text import read_corpus
+    text = tmp_path / "t.txt"
+    text.write_bytes(read_corpus()[:40_000])
+    res = {}
+    for p in ("f32", "bf16"):
+        with _Stdout() as got:
+            assert cli.main(["finetune", str(testdata.stories), "--text", str(text),
+                             "--lora-rank", "2", "--lora-targets", "q,k,v,o", "--lr", "1e-2",
+                             "--steps", "4", "--ctx", "32", "--batch-size", "2",
+                             "--eval-every", "1", "--no-ppl", "--quiet", "--json",
+                             "--precision", p, "--out", str(tmp_path / f"{p}.gguf")]) == 0
+        res[p] = _last_json(got.text)
+    assert res["bf16"]["precision"] == "bf16"
+    for key in ("train", "val"):
+        la, lb = _losses(res["f32"], key), _losses(res["bf16"], key)
+        assert not np.array_equal(la, lb)
+        np.testing.assert_allclose(lb, la, rtol=8 * EPS["bf16"], atol=0, err_msg=key)
+    assert _losses(res["bf16"], "val")[-1] < _losses(res["bf16"], "val")[0]
