@@ -16,7 +16,8 @@ from functools import partial
 
 def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memory=True,
             checkpoint=None, *, seed=0, check_finite=False, check_indices=True,
-            copy_outputs=True, share=None, hook=None, params=None, precision="f32"):
+            copy_outputs=True, share=None, hook=None, params=None, precision="f32",
+            loss_scale=None):
     """Compile `graph` into a Program (see runtime/executor.py).
 
     loss: name of a scalar output to differentiate (adds grad/<param> outputs); optimizer: a
@@ -35,6 +36,8 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     check_finite: a step whose loss, gradients or other float outputs hold NaN or Inf changes
     nothing (params, optimizer state, step count) and raises FloatingPointError naming the
     first such value (passes/guard.py); costs one extra read of the gradients per step.
+    check_finite="skip": such a step changes nothing either, and is counted
+    (Program.skipped, Program.last_skipped) instead of raising.
     check_indices: integer inputs that index (class labels, token ids, get_rows rows) are
     checked against their range before each step, as the interpreter does (IndexError, nothing
     changed); False skips the check, and an out-of-range index then reads outside its table.
@@ -56,8 +59,15 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     precision: "f32" (default), or "bf16" / "f16": mixed precision (passes/precision.py
     `mixed`): every f32 GEMM, forward and backward, reads its operands in that type and gives
     its product in it (accumulating in f32); norms, softmax, losses, the params (f32 master
-    weights) and the optimizer stay f32. f16 has no loss scaling yet: a gradient below f16's
-    range becomes 0.
+    weights) and the optimizer stay f32.
+    loss_scale: dynamic loss scaling (jitgraph.optim.LossScale, PyTorch's GradScaler): None
+    (default: on with precision="f16" and an optimizer, else off), False (off), True (a
+    LossScale() of the defaults: S starting at 2**16, halved on a step that is not finite,
+    doubled after 2000 clean optimizer steps) or a LossScale. The backward starts from the
+    f32 input opt/loss_scale = S (so f16 gradients below f16's smallest value do not become
+    0), the optimizer multiplies the gradients by 1/S, and a step that is not finite is
+    skipped (check_finite="skip", which loss scaling implies). Program.scaler holds S and its
+    count (Program.scaler.state() / .load(), what a checkpoint keeps).
     """
     from .passes.pipeline import Options
     from .passes.precision import PRECISIONS
@@ -65,13 +75,23 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     if precision not in PRECISIONS:
         raise ValueError(f"compile: precision={precision!r}; expected one of "
                          f"{', '.join(PRECISIONS)}")
+    loss_scale = _loss_scale(loss_scale, precision, optimizer)
+    if check_finite not in (False, True, "skip"):
+        raise ValueError(f"compile: check_finite={check_finite!r}; expected False, True or "
+                         f"'skip'")
+    if loss_scale is not None:
+        if check_finite is True:
+            raise ValueError("compile: loss scaling skips the steps that are not finite (it "
+                             "halves the scale); check_finite=True would raise instead: leave "
+                             "check_finite out or pass 'skip'")
+        check_finite = "skip"
     backend = get_backend(target)
     if hook is not None and not callable(hook):
         raise TypeError(f"compile: hook must be a callable hook(gradients), got "
                         f"{type(hook).__name__}")
     opts = Options(loss=loss, optimizer=optimizer, fuse=fuse, plan_memory=plan_memory,
                    checkpoint=checkpoint, check_finite=check_finite, boundary=hook is not None,
-                   kinds=backend.kinds, precision=precision)
+                   kinds=backend.kinds, precision=precision, loss_scale=loss_scale)
     persist = None
     if share is not None:
         opts.param_slots, persist = _shared_params(graph, share, optimizer)
@@ -85,6 +105,24 @@ def compile(graph, loss=None, optimizer=None, target="cpu", fuse=True, plan_memo
     if hook is not None:
         prog.hook = hook
     return prog
+
+
+def _loss_scale(spec, precision, optimizer):
+    """The LossScale of compile's `loss_scale` (None: off)."""
+    from .optim import LossScale
+    if spec is None:
+        return LossScale() if precision == "f16" and optimizer is not None else None
+    if spec is False:
+        return None
+    if spec is True:
+        spec = LossScale()
+    if not isinstance(spec, LossScale):
+        raise TypeError(f"compile: loss_scale must be None, True, False or a "
+                        f"jitgraph.optim.LossScale, got {type(spec).__name__}")
+    if optimizer is None:
+        raise ValueError("compile: loss_scale needs an optimizer (the gradients are unscaled "
+                         "before the update)")
+    return spec
 
 
 def _page_offsets(params) -> dict:

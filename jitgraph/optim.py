@@ -19,6 +19,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 LR, STEP, APPLY = "opt/lr", "opt/step", "opt/apply"
+LOSS_SCALE = "opt/loss_scale"      # f32 scalar input: dynamic loss scaling's S (LossScale)
 
 
 @dataclass(frozen=True)
@@ -159,3 +160,77 @@ class EpochDecay:
 
     def __call__(self, step: int) -> float:
         return self.at_epoch((int(step) - 1) // self.steps_per_epoch)
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Dynamic loss scaling (PyTorch's GradScaler), jg.compile(..., loss_scale=): the backward
+    starts from S instead of 1 (every gradient is S times the loss's), and the optimizer
+    multiplies the gradients by 1/S before it uses them; S is the f32 scalar input
+    `opt/loss_scale`, fed at each step like the learning rate (changing it rebuilds nothing).
+    A step whose loss or gradients are not finite changes nothing (the finite-step guard in
+    its "skip" mode), is counted in Program.skipped and halves S (`backoff`); after
+    `interval` optimizer steps in a row that applied their update S doubles (`growth`).
+    S starts at `init`. A step still not finite once S would fall below `min_scale` raises
+    FloatingPointError: no scale makes it finite (a NaN of the model, not of f16's range)."""
+    init: float = 2.0 ** 16
+    growth: float = 2.0
+    backoff: float = 0.5
+    interval: int = 2000
+    min_scale: float = 2.0 ** -24
+
+    def __post_init__(self):
+        for name in ("init", "min_scale"):
+            v = getattr(self, name)
+            if not (_is_nonneg(v) and 0 < v < 3e38):
+                raise ValueError(f"LossScale: {name} must be a finite f32 number > 0, got {v!r}")
+        if not (_is_nonneg(self.growth) and self.growth > 1):
+            raise ValueError(f"LossScale: growth must be > 1, got {self.growth!r}")
+        if not (_is_nonneg(self.backoff) and 0 < self.backoff < 1):
+            raise ValueError(f"LossScale: backoff must be in (0, 1), got {self.backoff!r}")
+        if isinstance(self.interval, bool) or not isinstance(self.interval, int) \
+                or self.interval < 1:
+            raise ValueError(f"LossScale: interval must be an int >= 1, got {self.interval!r}")
+        if self.min_scale > self.init:
+            raise ValueError(f"LossScale: min_scale {self.min_scale} exceeds init {self.init}")
+
+
+class Scaler:
+    """A LossScale's running state: the scale S (an f32 value), the optimizer steps applied
+    since S last changed (`good`). `update` follows each step; `state()` / `load()` are what a
+    checkpoint keeps (plain JSON numbers: S is restored bit for bit)."""
+
+    def __init__(self, config: LossScale):
+        self.config = config
+        self.scale = float(np.float32(config.init))
+        self.good = 0
+
+    def update(self, finite: bool, applied: bool = True) -> None:
+        """After a step: not finite halves S and restarts the count; a finite step that
+        applied the update counts, and the interval-th in a row doubles S."""
+        c = self.config
+        if not finite:
+            new = float(np.float32(self.scale * c.backoff))
+            if new < c.min_scale:
+                raise FloatingPointError(
+                    f"loss scaling: the step is not finite at every scale down to {self.scale:g} "
+                    f"(min_scale {c.min_scale:g}): a NaN or Inf that no loss scale removes")
+            self.scale, self.good = new, 0
+        elif applied:
+            self.good += 1
+            if self.good >= c.interval:
+                new = float(np.float32(self.scale * c.growth))
+                if math.isfinite(new) and new < 3e38:
+                    self.scale = new
+                self.good = 0
+
+    def state(self) -> dict:
+        return {"scale": self.scale, "good": self.good}
+
+    def load(self, state: dict) -> None:
+        scale, good = state.get("scale"), state.get("good")
+        if not _is_nonneg(scale) or scale <= 0 or isinstance(good, bool) \
+                or not isinstance(good, int) or good < 0:
+            raise ValueError(f"loss scale state {state!r}: expected {{'scale': a number > 0, "
+                             f"'good': an int >= 0}}")
+        self.scale, self.good = float(np.float32(scale)), good

@@ -16,6 +16,7 @@ every float param differentiated (`full_backward_flops`).
 from __future__ import annotations
 
 from jitgraph.ir import copy_node, live_nodes, rebuild
+from jitgraph.ops import cast
 from jitgraph.ops.common import const
 from jitgraph.printer import param_roles
 from jitgraph.registry import cost, get_op
@@ -24,11 +25,13 @@ from jitgraph.types import ShapeError
 from .report import Report
 
 
-def grad(graph, loss: str = "loss", wrt=None, inputs=()):
+def grad(graph, loss: str = "loss", wrt=None, inputs=(), seed: str | None = None):
     """Return (graph with backward nodes and grad/* outputs, Report).
 
     wrt: param names to differentiate (default: every trainable param); inputs: float input
-    names that also get gradients.
+    names that also get gradients; seed: the name of a new f32 scalar input whose value is
+    the loss's own gradient (default: the constant 1), so every grad/* is that value times
+    the gradient: dynamic loss scaling (jg.compile's loss_scale) feeds its scale S there.
     """
     if loss not in graph.outputs:
         raise ShapeError(f"grad: graph {graph.name} has no output {loss!r}; outputs are "
@@ -51,7 +54,9 @@ def grad(graph, loss: str = "loss", wrt=None, inputs=()):
             raise ShapeError(f"grad: input {name!r} is not float and has no gradient")
         leaves[graph.inputs[name]] = name
 
-    g, n_rules, unused = _backward(graph, lnode, leaves)
+    if seed is not None and seed in graph.inputs:
+        raise ShapeError(f"grad: seed input {seed!r} is already an input of graph {graph.name}")
+    g, n_rules, unused = _backward(graph, lnode, leaves, seed)
     g, pruned, pruned_flops = _prune(g, len(graph.nodes))
     n_fwd = len(graph.nodes)
     flops = _flops(g, range(n_fwd, len(g.nodes)))
@@ -63,7 +68,7 @@ def grad(graph, loss: str = "loss", wrt=None, inputs=()):
     if frozen:      # what the backward would cost with every float param differentiated
         every = dict(leaves)
         every.update({graph.params[k]: k for k in frozen})
-        fg, _, _ = _backward(graph, lnode, every)
+        fg, _, _ = _backward(graph, lnode, every, seed)
         fg, _, _ = _prune(fg, n_fwd)
         full = _flops(fg, range(n_fwd, len(fg.nodes)))
     rep = Report("autodiff", {"forward_nodes": n_fwd, "backward_nodes": len(g.nodes) - n_fwd,
@@ -81,19 +86,26 @@ def grad(graph, loss: str = "loss", wrt=None, inputs=()):
             f"({pruned_flops:,} FLOPs) left out")
     if unused:
         rep.lines.append(f"loss does not depend on {', '.join(unused)}: gradient is zero")
+    if seed is not None:
+        rep.lines.append(f"seed: the loss's gradient is input {seed!r} (grad/* scaled by it)")
     return g.validate(), rep
 
 
-def _backward(graph, lnode, leaves):
+def _backward(graph, lnode, leaves, seed=None):
     """(graph copy with the backward appended and grad/* outputs for `leaves` {node id: name},
-    vjp rules run, names whose gradient is zero)."""
+    vjp rules run, names whose gradient is zero). `seed`: the name of the f32 scalar input
+    added as the loss's gradient (None: the constant 1)."""
     g = graph.copy()
     n_fwd = len(g.nodes)
     # values that depend on a differentiated leaf and are float: they carry gradients
     active = [False] * n_fwd
     for n in graph.nodes:
         active[n.id] = n.type.is_float and (n.id in leaves or any(active[i] for i in n.inputs))
-    grads = {lnode.id: const(g, 1.0, lnode.type.dtype)}
+    if seed is None:
+        grads = {lnode.id: const(g, 1.0, lnode.type.dtype)}
+    else:
+        s = g.input(seed, ())
+        grads = {lnode.id: s if lnode.type.dtype == "f32" else cast(s, lnode.type.dtype)}
     n_rules = 0
     for n in reversed(graph.nodes[: lnode.id + 1]):
         if n.id not in grads or n.op in ("input", "param") or not active[n.id]:
@@ -140,4 +152,4 @@ def _prune(g, n_fwd):
 
 
 def _flops(g, ids) -> int:
-    return int(sum(cost(g, g.nodes[i]).flops for i in ids))
+    return int(sum(cost(g, g.nodes[i]).flops for i in ids if g.nodes[i].op != "input"))

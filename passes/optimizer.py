@@ -7,7 +7,11 @@ state is non-trainable params `opt/m/<param>`, `opt/v/<param>` (moments; SGD's m
 buffer is `opt/m`) and `opt/acc/<param>` (gradient accumulators), all zero-initialised.
 The per-call scalars `opt/lr`, `opt/step`, `opt/apply` are f32 inputs (see jitgraph/optim.py).
 
-Order per step: accumulate -> clip by global norm -> weight decay -> update. With accumulate=k
+Order per step: unscale -> accumulate -> clip by global norm -> weight decay -> update. Unscale:
+when the graph has the input `opt/loss_scale` (the backward was seeded with the loss scale S,
+passes/autodiff.grad(seed=)), every gradient is multiplied by 1/S first (f32), so what is
+accumulated, clipped, handed to a hook and used is the loss's gradient; S may then change
+between micro-steps. With accumulate=k
 each micro-batch gradient is scaled by 1/k before it is summed (the `loss` output stays the
 unscaled micro-batch loss); on other micro-steps params and moments keep their exact values
 (`where(opt/apply, new, old)`), and the accumulators restart from zero after applying.
@@ -20,7 +24,7 @@ import math
 
 from jitgraph import init
 from jitgraph.ops import apply, cast, const, clamp, exp, mul, scale, sqr, sqrt, sum as rsum, where
-from jitgraph.optim import APPLY, LR, STEP, Adam
+from jitgraph.optim import APPLY, LOSS_SCALE, LR, STEP, Adam
 from jitgraph.types import ShapeError
 
 from .boundary import PREFIX
@@ -44,6 +48,10 @@ def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False
     params = {p: g.tensor(graph.params[p]) for p in names}
     grads = {p: g.tensor(g.outputs.pop(f"grad/{p}")) for p in names}
     scalars = _Scalars(g.input(LR, ()), g.input(STEP, ()))
+    if LOSS_SCALE in g.inputs:
+        inv = 1.0 / g.tensor(g.inputs[LOSS_SCALE])
+        scalars.f32["unscale"] = inv
+        grads = {p: mul(t, scalars("unscale", t.dtype)) for p, t in grads.items()}
     k = optimizer.accumulate
     acc = {}
     if k > 1:
@@ -74,6 +82,8 @@ def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False
     if boundary:
         rep.lines.append(f"update boundary: outputs {PREFIX}<param> ({len(names)}) are what the "
                          f"update reads, after the hook")
+    if LOSS_SCALE in g.inputs:
+        rep.lines.append(f"loss scaling: gradients multiplied by 1 / {LOSS_SCALE} first")
     if k > 1:
         rep.lines.append(f"accumulate={k}: gradients scaled by 1/{k} and summed in opt/acc/*; "
                          f"output {loss!r} is the unscaled micro-batch loss")

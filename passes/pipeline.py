@@ -9,12 +9,15 @@ Stages and their switches (jitgraph.compile arguments):
   patterns    with `fuse`: softmax, log_softmax, rms_norm and layer_norm written from
               primitives become the row op (passes/patterns.py), before autodiff so the
               backward uses their *_back ops; `fuse=False` keeps one kernel per primitive
-  autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs; an
+  autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs (with
+              `loss_scale`: seeded with the input opt/loss_scale, not 1); an
               attention the backward differentiates keeps its probabilities when they are
               small and the backend lowers that (passes/attention.py)
   guard       with `check_finite`: flags whether every float output (loss, gradients) is
-              finite and makes every update keep the old value when not (passes/guard.py)
-  optimizer   when `optimizer` is given: appends the parameter update (needs `loss`); with
+              finite and makes every update keep the old value when not (passes/guard.py);
+              on by default with `loss_scale` (check_finite="skip")
+  optimizer   when `optimizer` is given: appends the parameter update (needs `loss`;
+              with `loss_scale` the gradients are multiplied by 1/S first); with
               `hook` (Options.boundary) the gradients become the outputs of phase 1 and the
               update phase 2 (the update boundary, passes/boundary.py), which fuse, schedule,
               memory and the backend's driver follow
@@ -32,6 +35,7 @@ same options wherever the arena is measured; Options and the stage runner live t
 """
 from __future__ import annotations
 
+from jitgraph.optim import LOSS_SCALE
 from jitgraph.types import ShapeError
 
 from .attention import store_attention_probs
@@ -56,7 +60,8 @@ def _precision(st):
 
 
 def _autodiff(st):
-    st.graph, rep = grad(st.graph, st.options.loss)
+    seed = LOSS_SCALE if st.options.loss_scale is not None else None
+    st.graph, rep = grad(st.graph, st.options.loss, seed=seed)
     st.graph, stored = store_attention_probs(st.graph, st.options.kinds)
     if stored:
         rep.stats.update(stored)
@@ -115,6 +120,9 @@ IR_STAGES = ("graph", *(name for name, _, _ in STAGES), "kernels")
 def run_pipeline(graph, options: Options) -> State:
     if options.optimizer is not None and options.loss is None:
         raise ShapeError("compile: an optimizer needs loss=<output name> to differentiate")
+    if options.loss_scale is not None and options.optimizer is None:
+        raise ShapeError("compile: loss scaling needs an optimizer (it unscales the gradients "
+                         "before the update)")
     if options.boundary and options.optimizer is None:
         raise ShapeError("compile: an update hook needs an optimizer (the hook runs between the "
                          "gradients and the update)")

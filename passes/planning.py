@@ -23,13 +23,16 @@ class Options:
     fuse: bool = True
     plan_memory: bool = True
     checkpoint: object = None
-    check_finite: bool = False        # guard: a step with a non-finite value changes nothing
+    check_finite: object = False      # guard: a step with a non-finite value changes nothing;
+    #                                   True: the executor raises, "skip": it counts the step
     boundary: bool = False            # update boundary: gradients, hook, update (boundary.py)
     param_slots: dict | None = None   # internal: place params in another program's region
     page_offsets: dict | None = None  # param -> where in a page its slot starts (a weight mapped
     #                                   from its file: the file offset's place in its page)
     kinds: frozenset | None = None    # the kernel kinds the target lowers (fuse; None: all)
     precision: str = "f32"            # GEMMs in "bf16" / "f16", the rest f32 (precision.py)
+    loss_scale: object = None         # jitgraph.optim.LossScale: the backward seeded with the
+    #                                   input opt/loss_scale, the optimizer unscales (optimizer.py)
 
 
 @dataclass

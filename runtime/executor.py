@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from jitgraph.ir import base, live_nodes
+from jitgraph.optim import LOSS_SCALE, Scaler
 from jitgraph.types import ShapeError, TensorType
 from jitgraph.validate import index_inputs
 
@@ -237,6 +238,8 @@ class Program:
                     self._param_views[k][...] = g.init_param(k, seed)
         opt = options.optimizer
         self._runtime = set(opt.runtime_inputs(0)) if opt is not None else set()
+        if LOSS_SCALE in g.inputs and options.loss_scale is not None:
+            self._runtime.add(LOSS_SCALE)       # the backward's seed: the scaler's S
         # user inputs: name -> (pointer, shape, dtype); the optimizer's per-step scalars live in
         # buffers of the program's own, their pointers set once
         self._in, self._runtime_views, self._stage = {}, {}, {}
@@ -289,6 +292,11 @@ class Program:
         self.state = ArrayMap({k: v for k, v in self._param_views.items() if k not in user},
                               "state")
         self.calls = 0
+        # dynamic loss scaling: S fed as opt/loss_scale before each step, updated after it
+        self.scaler = Scaler(options.loss_scale) if LOSS_SCALE in self._runtime_views else None
+        self._skip = options.check_finite == "skip"
+        self.skipped = 0                # steps skipped as not finite (check_finite="skip")
+        self.last_skipped = False       # whether the last step was one
 
     def _view(self, nid):
         """The array holding value `nid` between steps, where the plan put it (None for an
@@ -433,11 +441,22 @@ class Program:
             for k, v in self.options.optimizer.runtime_inputs(self.calls).items():
                 if k in self._runtime_views:
                     self._runtime_views[k][...] = v
+            if self.scaler is not None:
+                self._runtime_views[LOSS_SCALE][...] = self.scaler.scale
 
     def _after(self, fed, out, copied) -> dict:
-        if self._nonfinite is not None and self._nonfinite[()] != 0:
-            self._raise_nonfinite()
-        self.calls += 1
+        finite = self._nonfinite is None or self._nonfinite[()] == 0
+        self.last_skipped = not finite
+        if not finite:
+            if not self._skip:
+                self._raise_nonfinite()
+            self.skipped += 1           # the guard kept everything: the step is not counted
+            if self.scaler is not None:
+                self.scaler.update(False)
+        else:
+            if self.scaler is not None:
+                self.scaler.update(True, self.applies_update())
+            self.calls += 1
         res = {k: v.copy() for k, v in self._outputs.items() if not out or k not in out} \
             if self.copy_outputs else dict(self._outputs)
         for k, (name, shape) in self._from_input.items():
@@ -590,7 +609,8 @@ class Evaluator:
                              f"{', '.join(sorted(need))}")
         prog = self._prog
         opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None, boundary=False,
-                       param_slots=prog._products.memory.params)
+                       param_slots=prog._products.memory.params, loss_scale=None,
+                       check_finite=prog.options.check_finite is True)
         return prog._compiler(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,
                               check_indices=prog.check_indices,
                               scratch=prog._block if self._share else None)
