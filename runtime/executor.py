@@ -8,8 +8,9 @@ live together sharing bytes) and the persistent region (params and optimizer sta
 buffer per output the plan puts in region "output". Inputs are not copied: `step` writes the
 address of each input array (or of its converted copy, when it is not C-contiguous of the
 exact dtype) into the driver's per-call pointer table `io`, feeds the optimizer's per-step
-scalars (`opt/lr`, `opt/step`, `opt/apply`), calls the driver once and returns fresh copies of
-the outputs; `step_into` points the table's output entries at the caller's arrays.
+scalars (`opt/lr`, `opt/step`, `opt/apply`; `opt/loss_scale` from its Scaler when the graph
+scales the loss), calls the driver once and returns fresh copies of the outputs; `step_into`
+points the table's output entries at the caller's arrays.
 With an update boundary (compile(hook=...), passes/boundary.py) a step is the driver's phase 1
 (the gradients), `hook(Gradients)` (views of the gradients in the arena, which it may change in
 place), then phase 2 (the update).

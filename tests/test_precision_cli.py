@@ -1,7 +1,11 @@
 """--precision on the training commands (jitgraph/cli): `train llama` and `finetune` in bf16
-follow the f32 run's losses within bf16 roundings and learn; the precision is in --json and in
-the checkpoint, and a resume in another precision is refused before anything compiles."""
+(and f16, with its dynamic loss scale) follow the f32 run's losses within the format's
+roundings and learn; the precision is in --json and in the checkpoint, and a resume in another
+precision is refused before anything compiles; f16 through forced overflows: the steps are
+skipped and counted, the scale and count are printed, checkpointed and resumed bit for bit;
+`train mnist-fc --precision bf16`."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -25,11 +29,11 @@ def _losses(res, key):
 
 @pytest.fixture(scope="module")
 def llama_runs(tmp_path_factory):
-    """`train llama` TINY, 8 steps at a high learning rate, in f32 and in bf16, with
-    checkpoints."""
+    """`train llama` TINY, 8 steps at a high learning rate, in f32, bf16 and f16 (its default
+    loss scale), with checkpoints."""
     d = tmp_path_factory.mktemp("prec")
     out = {}
-    for p in ("f32", "bf16"):
+    for p in ("f32", "bf16", "f16"):
         ck = d / f"{p}.ckpt"
         with _Stdout() as got:
             assert cli.main(["train", "llama", *TINY, "--steps", "8", "--eval-every", "1",
@@ -56,18 +60,22 @@ class _Stdout:
 
 
 @pytest.mark.slow
-def test_train_llama_bf16_follows_f32(llama_runs):
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_train_llama_in_half_follows_f32(llama_runs, dt):
     a, _ = llama_runs["f32"]
-    b, _ = llama_runs["bf16"]
-    assert a["precision"] == "f32" and b["precision"] == "bf16"
+    b, _ = llama_runs[dt]
+    assert a["precision"] == "f32" and b["precision"] == dt
+    assert a["loss_scale"] is None and a["skipped_steps"] == 0
+    if dt == "f16":          # no step of this small model overflows at the default scale
+        assert b["loss_scale"] == 65536.0 and b["skipped_steps"] == 0
     for key in ("train", "val"):
         la, lb = _losses(a, key), _losses(b, key)
         assert len(la) == len(lb) == 8
-        assert not np.array_equal(la, lb)                  # the bf16 GEMMs did round
-        np.testing.assert_allclose(lb, la, rtol=8 * EPS["bf16"], atol=0, err_msg=key)
+        assert not np.array_equal(la, lb)                  # the half GEMMs did round
+        np.testing.assert_allclose(lb, la, rtol=8 * EPS[dt], atol=0, err_msg=key)
         assert lb[-1] < lb[0] - 0.1                         # and it learns
     # the first step's loss comes from the same initial weights: only the forward's roundings
-    assert _losses(b, "train")[0] == pytest.approx(_losses(a, "train")[0], rel=2 * EPS["bf16"])
+    assert _losses(b, "train")[0] == pytest.approx(_losses(a, "train")[0], rel=2 * EPS[dt])
 
 
 @pytest.mark.slow
@@ -134,3 +142,58 @@ def test_finetune_bf16_follows_f32(testdata, tmp_path):
         assert not np.array_equal(la, lb)
         np.testing.assert_allclose(lb, la, rtol=8 * EPS["bf16"], atol=0, err_msg=key)
     assert _losses(res["bf16"], "val")[-1] < _losses(res["bf16"], "val")[0]
+
+
+@pytest.mark.slow
+def test_f16_overflows_are_skipped_counted_and_resumed_bit_exact(llama_runs, tmp_path, capsys):
+    """--precision f16 --loss-scale 2**30: the first steps overflow f16 and are skipped (each
+    halves the scale), then it trains; with --loss-scale-interval 2 the scale grows back and
+    overflows again. 8 steps straight == 4, checkpoint, resume, 4 more: params, AdamW state,
+    scale and skip count bit for bit."""
+    args = ["train", "llama", *TINY, "--eval-every", "1", "--lr", "3e-3", "--precision", "f16",
+            "--loss-scale", str(2.0 ** 30), "--loss-scale-interval", "2"]
+    straight, ck = tmp_path / "straight.ckpt", tmp_path / "cut.ckpt"
+    assert cli.main([*args, "--steps", "8", "--checkpoint", str(straight), "--json"]) == 0
+    res = _last_json(capsys.readouterr().out)
+    assert res["precision"] == "f16" and res["steps"] == 8
+    n, scale = res["skipped_steps"], res["loss_scale"]
+    # 30 - n halvings and at most one doubling per 2 applied steps: a power of two in between
+    e = math.log2(scale)
+    assert n >= 10 and e == int(e) and 30 - n <= e <= 30 - n + 8 // 2
+    val = _losses(res, "val")
+    assert val[-1] < val[0] - 0.1
+
+    assert cli.main([*args, "--steps", "4", "--checkpoint", str(ck)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "llama", "--resume", str(ck), "--steps", "8", "--quiet",
+                     "--checkpoint", str(ck), "--json"]) == 0
+    again = _last_json(capsys.readouterr().out)
+    assert (again["skipped_steps"], again["loss_scale"]) == (n, scale)
+    _, _, pa, sa, ma = llama_train.load_llama_checkpoint(straight)
+    _, _, pb, sb, mb = llama_train.load_llama_checkpoint(ck)
+    assert ma["scaler"] == mb["scaler"] and ma["skipped"] == mb["skipped"] == n
+    assert ma["calls"] == mb["calls"] == 8
+    for k in pa:
+        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+
+
+@pytest.mark.slow
+def test_train_mnist_bf16(tmp_path, capsys):
+    small = ["--n-train", "1200", "--n-test", "400", "--quiet", "--json", "--epochs", "1"]
+    res = {}
+    for p in ("f32", "bf16"):
+        assert cli.main(["train", "mnist-fc", *small, "--precision", p,
+                         "--checkpoint", str(tmp_path / f"{p}.ckpt")]) == 0
+        res[p] = _last_json(capsys.readouterr().out)
+    assert res["bf16"]["precision"] == "bf16" and res["bf16"]["loss_scale"] is None
+    # 1 epoch of 11 AdamW steps: the same model within bf16's roundings, learning
+    assert res["bf16"]["test_loss"] == pytest.approx(res["f32"]["test_loss"], rel=0.05)
+    assert res["bf16"]["test_acc"] == pytest.approx(res["f32"]["test_acc"], abs=0.03)
+    assert res["bf16"]["test_loss"] < math.log(10) - 0.2
+    assert cli.main(["train", "mnist-fc", "--resume", str(tmp_path / "bf16.ckpt"), "--epochs",
+                     "2", "--precision", "f32", "--quiet"]) == 2
+    assert "trained with --precision bf16, not f32" in capsys.readouterr().err
+    assert cli.main(["train", "mnist-fc", *small, "--loss-scale", "8"]) == 2
+    assert "--loss-scale: loss scaling is for --precision f16" in capsys.readouterr().err

@@ -215,6 +215,76 @@ def add_precision_flag(p):
                    help="f32, or mixed precision: bf16 or f16 GEMMs (forward and backward; "
                         "params, norms, losses and the optimizer stay f32); f16 scales the "
                         "loss dynamically (--loss-scale)")
+    p.add_argument("--loss-scale", type=_loss_scale, default=None, metavar="S|off",
+                   help="--precision f16: the dynamic loss scale's first value (halved at each "
+                        "step whose gradients are not finite, which is skipped; doubled after "
+                        "--loss-scale-interval clean steps), or off; default 65536")
+    p.add_argument("--loss-scale-interval", type=int_at_least(1), default=None, metavar="N",
+                   help="--precision f16: clean optimizer steps in a row that double the loss "
+                        "scale; default 2000")
+
+
+def _loss_scale(text):
+    """--loss-scale: off, or a number in (0, 3e38)."""
+    if text == "off":
+        return text
+    try:
+        v = float(text)
+    except ValueError:
+        v = None
+    if v is None or not (0 < v < 3e38):
+        raise argparse.ArgumentTypeError(f"expected off or a number in (0, 3e38) (an f32 "
+                                         f"scale), got {text!r}")
+    return v
+
+
+_loss_scale.__name__ = "loss scale"
+
+
+def loss_scale(args):
+    """compile's loss_scale of --precision, --loss-scale and --loss-scale-interval (a usage
+    error when they are given without f16): a LossScale for f16 unless off, else False."""
+    from ..optim import LossScale
+    given = [f for f, v in (("--loss-scale", args.loss_scale),
+                            ("--loss-scale-interval", args.loss_scale_interval)) if v is not None]
+    if args.precision != "f16":
+        if given:
+            raise ValueError(f"{given[0]}: loss scaling is for --precision f16 (the run is "
+                             f"{args.precision})")
+        return False
+    if args.loss_scale == "off":
+        return False
+    d = LossScale()
+    return LossScale(init=d.init if args.loss_scale is None else args.loss_scale,
+                     interval=args.loss_scale_interval or d.interval)
+
+
+def scale_line(prog) -> str:
+    """`, loss scale S, N skipped` of a program that scales its loss (else "")."""
+    if prog.scaler is None:
+        return ""
+    return f", loss scale {prog.scaler.scale:g}, {prog.skipped} skipped"
+
+
+def scale_summary(prog) -> dict:
+    """--json's loss scale and skipped steps (None without loss scaling)."""
+    return {"loss_scale": prog.scaler.scale if prog.scaler is not None else None,
+            "skipped_steps": prog.skipped}
+
+
+def scale_meta(prog) -> dict:
+    """What a checkpoint keeps of the loss scaling: its state and the steps skipped."""
+    return {"skipped": prog.skipped,
+            **({"scaler": prog.scaler.state()} if prog.scaler is not None else {})}
+
+
+def restore_scale(prog, meta, path) -> None:
+    """The loss scaling's state from a checkpoint's meta (what scale_meta wrote)."""
+    prog.skipped = int(meta.get("skipped", 0))
+    if prog.scaler is not None:
+        if "scaler" not in meta:
+            raise ValueError(f"--resume {path}: the checkpoint holds no loss scale state")
+        prog.scaler.load(meta["scaler"])
 
 
 def resume_precision(args, path, saved) -> None:

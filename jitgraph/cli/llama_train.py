@@ -54,18 +54,20 @@ from ..lora import SHORTHANDS
 from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compile_flags,
                      add_ftype, add_precision_flag, add_threads_flag, adopt_resumed,
                      apply_threads, check_model_file, check_outputs, compile_progress,
-                     compile_target, float_in, int_at_least, note_unsaved, resume_precision,
-                     say, warn)
+                     compile_target, float_in, int_at_least, loss_scale, note_unsaved,
+                     restore_scale, resume_precision, say, scale_line, scale_meta,
+                     scale_summary, warn)
 from .logs import add_log_option, open_log
 
 VAL_BATCHES = 20
 # `train llama` options a checkpoint records: --resume continues with these
 TRAIN_RESUMED = ("text", "vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx",
                  "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
-                 "no_fuse", "no_plan")
+                 "no_fuse", "no_plan", "loss_scale", "loss_scale_interval")
 FINETUNE_RESUMED = ("text", "full", "lora_rank", "lora_alpha", "lora_targets", "ctx",
                     "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
-                    "no_fuse", "no_plan", "optimizer", "val_split", "lr_min", "decay_epochs")
+                    "no_fuse", "no_plan", "optimizer", "val_split", "lr_min", "decay_epochs",
+                    "loss_scale", "loss_scale_interval")
 # finetune's options of llama.cpp's workflow, which need --epochs
 EPOCH_ONLY = ("val_split", "lr_min", "decay_epochs")
 VAL_SPLIT = 0.05                   # --val-split's default with --epochs (llama-finetune's)
@@ -333,15 +335,22 @@ class LMTrainer:
         self.tokens_per_step = self.accumulate * batch_size * (train.length - 1)
 
     def train_step(self) -> float:
-        """One optimizer step (`accumulate` compiled steps); the mean of their losses (over
-        the ranks too, under MPI)."""
-        total = 0.0
-        for _ in range(self.accumulate):
+        """One optimizer step (`accumulate` compiled steps that applied); the mean of their
+        losses (over the ranks too, under MPI). A compiled step skipped as not finite (f16
+        loss scaling: the scaler halved its scale) is not counted: the next batch of windows
+        takes its place (under MPI every rank skips the same steps: the guard reads the
+        all-reduced gradients)."""
+        total, done = 0.0, 0
+        while done < self.accumulate:
             if self.world is None:
                 x, y = self.sampler.next()
             else:
                 x, y = self.train.batch(self.sampler.next_starts()[self.rows])
-            total += float(self.program.step(tokens=x, pos=self.pos, labels=y)["loss"])
+            loss = float(self.program.step(tokens=x, pos=self.pos, labels=y)["loss"])
+            if self.program.last_skipped:
+                continue        # not finite (f16 loss scaling): dropped, the next batch instead
+            total += loss
+            done += 1
         self.step += 1
         if self.world is None:
             return total / self.accumulate
@@ -377,6 +386,7 @@ class LMTrainer:
         for k, v in state.items():
             self.program.state[k] = v
         self.program.calls, self.step = meta["calls"], meta["step"]
+        restore_scale(self.program, meta, "checkpoint")
         self.sampler.state = meta["rng"]
         self.window = [float(v) for v in meta.get("window", [])]
 
@@ -466,7 +476,8 @@ def _fit(args, trainer, save, curve):
                 window.clear()
                 line = (f"step {s}/{total}: train {curve[-1]['train']:.4f}  val {val:.4f}  "
                         f"({1e3 * seconds / ran:.1f} ms/step, "
-                        f"{trainer.tokens_per_step * ran / seconds:,.0f} tokens/s)")
+                        f"{trainer.tokens_per_step * ran / seconds:,.0f} tokens/s"
+                        f"{scale_line(trainer.program)})")
                 if not args.quiet:
                     if bar.disable:
                         print(line, flush=True)
@@ -594,6 +605,14 @@ class _Timed:
     def calls(self, v):
         self._p.calls = v
 
+    @property
+    def skipped(self):
+        return self._p.skipped
+
+    @skipped.setter
+    def skipped(self, v):
+        self._p.skipped = v
+
 
 def _epoch_trainer(args, prog, windows, n_train):
     from ..training import Trainer
@@ -620,6 +639,7 @@ def _epoch_trainer(args, prog, windows, n_train):
             for k, v in state.items():
                 self.program.state[k] = v
             self.program.calls = meta["calls"]
+            restore_scale(self.program, meta, "checkpoint")
             self.epoch, self.batch = meta["epoch"], meta["batch"]
             part = meta["partial"]
             self.partial.losses = [float(v) for v in part["losses"]]
@@ -650,6 +670,8 @@ def _fit_epochs(args, trainer, save, curve):
     mark = [t_start, 0]                  # the training seconds and steps at the epoch's start
 
     def on_step(loss):
+        if prog.last_skipped:        # not finite (f16 loss scaling): the batch is dropped
+            return
         pending.append(loss)
         if prog.calls % acc:
             return
@@ -680,7 +702,8 @@ def _fit_epochs(args, trainer, save, curve):
         mark[:] = [prog.seconds, ran[0]]
         rate = trainer.tokens_per_step * n / sec if sec else math.nan
         say(args, f"epoch {ep.epoch}/{args.epochs}: train {ep.train}  val {ep.val}  "
-                  f"({1e3 * sec / max(n, 1):.1f} ms/step, {rate:,.0f} tokens/s)")
+                  f"({1e3 * sec / max(n, 1):.1f} ms/step, {rate:,.0f} tokens/s"
+                  f"{scale_line(prog)})")
         save()
 
     with _Deferred() as signals:
@@ -758,7 +781,7 @@ def _compile(args, graph, what, world=None, params=None, opt=None):
                           plan_memory=not args.no_plan, checkpoint=args.recompute,
                           seed=args.seed, copy_outputs=False,
                           hook=None if world is None else world.hook, target=target,
-                          params=params, precision=args.precision)
+                          params=params, precision=args.precision, loss_scale=loss_scale(args))
     return prog, acc, time.perf_counter() - t0
 
 
@@ -838,6 +861,7 @@ def _meta(args, kind, resumed, trainer, curve, data, extra=None):
         saved["text"] = os.path.abspath(saved["text"])
     return {"kind": kind, "args": saved,
             "calls": trainer.program.calls, "step": trainer.step, **trainer.position(),
+            **scale_meta(trainer.program),
             "curve": curve, "text_sha256": _sha256(data),
             **(extra or {})}
 
@@ -849,7 +873,7 @@ def _summary(trainer, timing, curve, compile_s):
             "steps": trainer.step, "ms_per_step": 1e3 * sec / ran if ran else None,
             "tokens_per_second": trainer.tokens_per_step * ran / sec if ran else None,
             "compile_seconds": compile_s, "curve": curve,
-            "precision": trainer.program.options.precision}
+            "precision": trainer.program.options.precision, **scale_summary(trainer.program)}
 
 
 def _count(n):

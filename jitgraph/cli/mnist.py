@@ -9,14 +9,15 @@ import os
 import time
 
 from .common import (Run, Terminated, adopt_resumed, check_model_file, check_outputs,
-                     compile_progress, compile_target, int_at_least, note_unsaved,
-                     resume_precision, say, warn)
+                     compile_progress, compile_target, int_at_least, loss_scale, note_unsaved,
+                     restore_scale, resume_precision, say, scale_line, scale_meta,
+                     scale_summary, warn)
 from .logs import StepLog, log_result, open_log
 
 
 # training options a checkpoint records: `--resume` continues with these, not the command line's
 RESUMED = ("batch_size", "logical_batch", "lr", "val_split", "seed", "data", "n_train",
-           "no_fuse", "no_plan")
+           "no_fuse", "no_plan", "loss_scale", "loss_scale_interval")
 
 
 def _data_kind(args):
@@ -129,6 +130,7 @@ def _train_ranks(args, world):
                                world.local_batch(args.batch_size))
     acc = lb // args.batch_size
     opt = optim.AdamW(lr=args.lr, accumulate=acc)
+    scaling = loss_scale(args)
     target = compile_target(args)
     t0 = time.perf_counter()
 
@@ -136,7 +138,7 @@ def _train_ranks(args, world):
         prog = jg_compile(graph, loss="loss", optimizer=opt, fuse=not args.no_fuse,
                           plan_memory=not args.no_plan, seed=args.seed,
                           hook=None if world is None else world.hook, target=target,
-                          precision=args.precision)
+                          precision=args.precision, loss_scale=scaling)
         return prog, Trainer(prog, train_ds, batch_size=args.batch_size,
                              logical_batch=args.logical_batch, val_split=args.val_split,
                              seed=args.seed, world=world)
@@ -149,6 +151,7 @@ def _train_ranks(args, world):
         for k, v in state.items():
             prog.state[k] = v
         prog.calls, trainer.epoch = meta["calls"], meta["epoch"]
+        restore_scale(prog, meta, args.resume)
         trainer.rng.bit_generator.state = meta["rng"]
         trainer.order = np.asarray(meta["order"], dtype=np.int64)
     say(args, f"{args.model}: batch {args.batch_size}"
@@ -168,13 +171,13 @@ def _train_ranks(args, world):
             log_result(log, prog.calls, last.val, train=last.train)
             epoch_seconds.append(last.seconds)
             say(args, f"epoch {last.epoch}/{args.epochs}: train {last.train}  val {last.val}  "
-                      f"({last.seconds:.2f} s)")
+                      f"({last.seconds:.2f} s{scale_line(prog)})")
             if args.checkpoint and (world is None or world.is_root):
                 meta_out = {"args": {**{k: getattr(args, k) for k in RESUMED},
                                      "precision": args.precision},
                             "calls": prog.calls, "epoch": trainer.epoch,
                             "rng": trainer.rng.bit_generator.state,
-                            "order": trainer.order.tolist()}
+                            "order": trainer.order.tolist(), **scale_meta(prog)}
                 save_checkpoint(args.checkpoint, args.model, dict(prog.params), dict(prog.state),
                                 meta_out, data=_data_kind(args))
                 Run.checkpoint, Run.epoch = args.checkpoint, trainer.epoch
@@ -203,6 +206,7 @@ def _train_ranks(args, world):
             "compile_seconds": compile_s,
             "samples_per_second": n_train / sum(epoch_seconds) if epoch_seconds else None,
             "data": _data_kind(args), "n_test": test.ndata, "precision": args.precision,
+            **scale_summary(prog),
             **({} if world is None else {"mpi_ranks": world.size,
                                          "allreduce_seconds": world.seconds["allreduce"]})}))
     return 0
