@@ -96,7 +96,12 @@ class SGD(Optimizer):
 @dataclass(frozen=True)
 class Adam(Optimizer):
     """Adam with ggml's formulas: m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g^2,
-    p <- p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps); weight_decay is L2 (added to g)."""
+    p <- p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps); weight_decay is L2 (added to g).
+    moments: the type m and v are stored in, "f32" or "bf16" (half the optimizer state's
+    bytes): each step reads them as f32, computes the update in f32 from the unrounded new
+    moments and stores those rounded to nearest even. With beta2 = 0.999 a bf16 v (8 bits of
+    mantissa) stops moving once its step's change is below half a bf16 unit (after some
+    hundreds of steps of steady gradients): fine for short finetunes, a drift for long runs."""
     lr: float | Callable = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
@@ -104,10 +109,14 @@ class Adam(Optimizer):
     weight_decay: float = 0.0
     clip_norm: float | None = None
     accumulate: int = 1
+    moments: str = "f32"
     decoupled: ClassVar[bool] = False
 
     def __post_init__(self):
         super().__post_init__()
+        if self.moments not in ("f32", "bf16"):
+            raise ValueError(f"{type(self).__name__}: moments must be 'f32' or 'bf16', got "
+                             f"{self.moments!r}")
         _check_unit(self, "beta1")
         _check_unit(self, "beta2")
         if not (_is_nonneg(self.eps) and self.eps > 0):

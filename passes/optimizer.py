@@ -110,9 +110,10 @@ class _Scalars:
         return self.casts[(key, dtype)]
 
 
-def _state(slot, p):
-    """Zero-initialised optimizer state `opt/<slot>/<param>` shaped like param p."""
-    return p.graph.param(f"opt/{slot}/{p.label}", p.shape, p.dtype, init=init.zeros(),
+def _state(slot, p, dtype=None):
+    """Zero-initialised optimizer state `opt/<slot>/<param>` shaped like param p, of p's type
+    or `dtype`."""
+    return p.graph.param(f"opt/{slot}/{p.label}", p.shape, dtype or p.dtype, init=init.zeros(),
                          trainable=False)
 
 
@@ -142,10 +143,18 @@ def _sgd(opt, name, p, grad, scalars):
 def _adam(opt, name, p, grad, scalars):
     if opt.weight_decay and not opt.decoupled:
         grad = grad + scale(p, opt.weight_decay)
-    m = apply("ema", _state("m", p), grad, beta=opt.beta1)
-    v = apply("ema_sq", _state("v", p), grad, beta=opt.beta2)
+    # moments stored in another type (bf16): read as p's type, stored rounded; the step uses
+    # the unrounded new moments
+    md = opt.moments if opt.moments != p.dtype and p.dtype == "f32" else p.dtype
+    m_old, v_old = _state("m", p, md), _state("v", p, md)
+    if md != p.dtype:
+        m_old, v_old = cast(m_old, p.dtype), cast(v_old, p.dtype)
+    m = apply("ema", m_old, grad, beta=opt.beta1)
+    v = apply("ema_sq", v_old, grad, beta=opt.beta2)
     lr = scalars("lr", p.dtype)
     step = apply("adam_step", p, m, v, lr, scalars(("bc", opt.beta1), p.dtype),
                  scalars(("bc", opt.beta2), p.dtype), eps=opt.eps,
                  wd=opt.weight_decay if opt.decoupled else 0.0)
+    if md != p.dtype:
+        m, v = cast(m, md), cast(v, md)
     return {name: step, f"opt/m/{name}": m, f"opt/v/{name}": v}

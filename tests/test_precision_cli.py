@@ -197,3 +197,35 @@ def test_train_mnist_bf16(tmp_path, capsys):
     assert "trained with --precision bf16, not f32" in capsys.readouterr().err
     assert cli.main(["train", "mnist-fc", *small, "--loss-scale", "8"]) == 2
     assert "--loss-scale: loss scaling is for --precision f16" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_llama_bf16_moments(llama_runs, tmp_path, capsys, testdata):
+    """--moments bf16: half the optimizer state, the f32 run's losses within bf16 roundings,
+    the bf16 moments checkpointed (as their bits) and resumed bit for bit."""
+    a, _ = llama_runs["f32"]
+    args = ["train", "llama", *TINY, "--eval-every", "1", "--lr", "3e-3", "--moments", "bf16"]
+    straight, ck = tmp_path / "straight.ckpt", tmp_path / "cut.ckpt"
+    assert cli.main([*args, "--steps", "8", "--checkpoint", str(straight), "--json"]) == 0
+    b = _last_json(capsys.readouterr().out)
+    assert b["moments"] == "bf16" and a["moments"] == "f32"
+    assert 2 * b["optimizer_state_bytes"] == a["optimizer_state_bytes"]
+    for key in ("train", "val"):
+        la, lb = _losses(a, key), _losses(b, key)
+        assert not np.array_equal(la, lb)
+        np.testing.assert_allclose(lb, la, rtol=8 * EPS["bf16"], atol=0, err_msg=key)
+    assert cli.main([*args, "--steps", "4", "--checkpoint", str(ck)]) == 0
+    assert cli.main(["train", "llama", "--resume", str(ck), "--steps", "8", "--quiet",
+                     "--checkpoint", str(ck)]) == 0
+    _, _, pa, sa, _ = llama_train.load_llama_checkpoint(straight)
+    _, _, pb, sb, _ = llama_train.load_llama_checkpoint(ck)
+    assert all(v.dtype.itemsize == 2 for v in sa.values())
+    for k in pa:
+        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main(["finetune", str(testdata.stories), "--full", "--optimizer", "sgd",
+                  "--moments", "bf16", "--out", str(tmp_path / "o.gguf")])
+    assert "--optimizer sgd has none" in capsys.readouterr().err

@@ -142,3 +142,61 @@ def test_skip_mode_counts_a_nan_batch_and_goes_on():
     assert not prog.last_skipped and prog.calls == 2
     # the evaluator of a skipping program runs plain forwards
     assert np.isnan(prog.evaluator().run(x=bad, y=y)["loss"])
+
+
+# ---- AdamW's moments stored in bf16 (Adam(moments="bf16"), --moments bf16) -------------------
+def test_bf16_moments_match_a_numpy_adamw_that_rounds_them():
+    """loss = sum(w * g) has gradient g exactly (an input, new each step): the compiled AdamW
+    with moments="bf16" keeps m and v as bf16 bits and gives the params of a numpy AdamW that
+    computes in f32 and rounds m and v to bf16 after each step (jitgraph.half.round_to, itself
+    checked against numpy's bits), and not those of one that does not round."""
+    from jitgraph.half import round_to, to_f32
+    shape = (6, 50)
+    g = jg.Graph("lin")
+    gin = g.input("g", shape)
+    w = g.param("w", shape, init=jg.init.normal(0.0, 1.0))
+    g.output(loss=jg.sum(w * gin))
+    opt = jg.optim.AdamW(lr=0.01, weight_decay=0.1, moments="bf16")
+    prog = jg.compile(g, loss="loss", optimizer=opt)
+    assert prog.state.view("opt/m/w").dtype == np.uint16
+    f = np.float32
+    p = p_exact = prog.params["w"].astype(f)
+    m = v = m_exact = v_exact = np.zeros(shape, f)
+    rng = np.random.default_rng(1)
+    for t in range(1, 9):
+        grad = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 1, shape)).astype(f)
+        prog.step(g=grad)
+        c1, c2 = f(1 / (1 - f(0.9) ** t)), f(1 / (1 - f(0.999) ** t))
+
+        def adamw(p, m, v):
+            m = f(0.9) * m + f(0.1) * grad
+            v = f(0.999) * v + f(0.001) * grad * grad
+            return p * f(1 - 0.01 * 0.1) - f(0.01) * (m * c1) / (np.sqrt(v * c2) + f(1e-8)), m, v
+        p, m, v = adamw(p, m, v)
+        m, v = to_f32(round_to(m, "bf16"), "bf16"), to_f32(round_to(v, "bf16"), "bf16")
+        p_exact, m_exact, v_exact = adamw(p_exact, m_exact, v_exact)
+    got_m, got_v = (to_f32(prog.state[k], "bf16") for k in ("opt/m/w", "opt/v/w"))
+    # one bf16 unit: an f32 result one ulp off the reference's may round the other way
+    np.testing.assert_allclose(got_m, m, rtol=2 * EPS["bf16"], atol=0)
+    np.testing.assert_allclose(got_v, v, rtol=2 * EPS["bf16"], atol=0)
+    assert np.mean(got_v == v) > 0.95
+    # the params: where the moments agree, to f32's rounding; a moment one bf16 unit off
+    # moves its param by at most lr * 2 units of each step's update
+    w = prog.params["w"]
+    assert np.isclose(w, p, rtol=1e-5, atol=1e-6).mean() > 0.95
+    np.testing.assert_allclose(w, p, rtol=0, atol=8 * 0.01 * 2 * EPS["bf16"])
+    assert np.isclose(w, p_exact, rtol=1e-5, atol=1e-6).mean() < 0.5     # the rounding shows
+
+
+def test_bf16_moments_halve_the_state_and_train_as_f32():
+    g, (x, y) = _mlp(), _data()
+    res = {}
+    for md in ("f32", "bf16"):
+        prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=0.01, moments=md))
+        res[md] = ([float(prog.step(x=x, y=y)["loss"]) for _ in range(20)],
+                   sum(prog.state.view(k).nbytes for k in prog.state))
+    assert res["bf16"][1] * 2 == res["f32"][1]
+    assert not np.array_equal(res["bf16"][0], res["f32"][0])
+    np.testing.assert_allclose(res["bf16"][0], res["f32"][0], rtol=4 * EPS["bf16"], atol=0)
+    with pytest.raises(ValueError, match="moments must be 'f32' or 'bf16'"):
+        jg.optim.AdamW(moments="f16")

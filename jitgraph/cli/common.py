@@ -215,6 +215,9 @@ def add_precision_flag(p):
                    help="f32, or mixed precision: bf16 or f16 GEMMs (forward and backward; "
                         "params, norms, losses and the optimizer stay f32); f16 scales the "
                         "loss dynamically (--loss-scale)")
+    p.add_argument("--moments", choices=("f32", "bf16"), default="f32",
+                   help="the type AdamW's moments m and v are stored in: bf16 halves the "
+                        "optimizer state (the update is computed in f32)")
     p.add_argument("--loss-scale", type=_loss_scale, default=None, metavar="S|off",
                    help="--precision f16: the dynamic loss scale's first value (halved at each "
                         "step whose gradients are not finite, which is skipped; doubled after "

@@ -63,11 +63,11 @@ VAL_BATCHES = 20
 # `train llama` options a checkpoint records: --resume continues with these
 TRAIN_RESUMED = ("text", "vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx",
                  "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
-                 "no_fuse", "no_plan", "loss_scale", "loss_scale_interval")
+                 "no_fuse", "no_plan", "loss_scale", "loss_scale_interval", "moments")
 FINETUNE_RESUMED = ("text", "full", "lora_rank", "lora_alpha", "lora_targets", "ctx",
                     "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
                     "no_fuse", "no_plan", "optimizer", "val_split", "lr_min", "decay_epochs",
-                    "loss_scale", "loss_scale_interval")
+                    "loss_scale", "loss_scale_interval", "moments")
 # finetune's options of llama.cpp's workflow, which need --epochs
 EPOCH_ONLY = ("val_split", "lr_min", "decay_epochs")
 VAL_SPLIT = 0.05                   # --val-split's default with --epochs (llama-finetune's)
@@ -565,12 +565,18 @@ def _optimizer(args, acc, steps_per_epoch=1):
     if getattr(args, "lr_min", None) is not None:
         lr = optim.EpochDecay(args.lr, args.lr_min, args.epochs, max(1, steps_per_epoch),
                               args.decay_epochs if args.decay_epochs is not None else -1.0)
-    kind = optim.SGD if getattr(args, "optimizer", "adamw") == "sgd" else optim.AdamW
-    return kind(lr=lr, weight_decay=args.weight_decay, accumulate=acc)
+    if getattr(args, "optimizer", "adamw") == "sgd":
+        if args.moments != "f32":
+            raise ValueError(f"--moments {args.moments}: AdamW's moments; --optimizer sgd has "
+                             f"none")
+        return optim.SGD(lr=lr, weight_decay=args.weight_decay, accumulate=acc)
+    return optim.AdamW(lr=lr, weight_decay=args.weight_decay, accumulate=acc,
+                       moments=args.moments)
 
 
 def _precision_line(args) -> str:
-    return "" if args.precision == "f32" else f", {args.precision} mixed precision"
+    return ("" if args.precision == "f32" else f", {args.precision} mixed precision") + \
+        ("" if args.moments == "f32" else f", {args.moments} moments")
 
 
 def _optimizer_line(args):
@@ -873,7 +879,8 @@ def _summary(trainer, timing, curve, compile_s):
             "steps": trainer.step, "ms_per_step": 1e3 * sec / ran if ran else None,
             "tokens_per_second": trainer.tokens_per_step * ran / sec if ran else None,
             "compile_seconds": compile_s, "curve": curve,
-            "precision": trainer.program.options.precision, **scale_summary(trainer.program)}
+            "precision": trainer.program.options.precision, **scale_summary(trainer.program),
+            "moments": getattr(trainer.program.options.optimizer, "moments", None)}
 
 
 def _count(n):
@@ -1083,6 +1090,8 @@ def _finetune(args, world):
     from ..models.text import split_bytes, tokenize_split
     kind = "finetune"
     _epoch_options(args, world)
+    if args.optimizer == "sgd" and args.moments != "f32":
+        args.parser.error(f"argument --moments: AdamW's moments; --optimizer sgd has none")
     check_model_file(args.base, "base model")
     _check_outputs(args, **{"the base model": args.base})
     resumed = None

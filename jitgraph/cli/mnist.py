@@ -17,7 +17,7 @@ from .logs import StepLog, log_result, open_log
 
 # training options a checkpoint records: `--resume` continues with these, not the command line's
 RESUMED = ("batch_size", "logical_batch", "lr", "val_split", "seed", "data", "n_train",
-           "no_fuse", "no_plan", "loss_scale", "loss_scale_interval")
+           "no_fuse", "no_plan", "loss_scale", "loss_scale_interval", "moments")
 
 
 def _data_kind(args):
@@ -46,7 +46,8 @@ def _load_data(args, need_train=True):
 
 
 def _precision_line(args) -> str:
-    return "" if args.precision == "f32" else f", {args.precision} mixed precision"
+    return ("" if args.precision == "f32" else f", {args.precision} mixed precision") + \
+        ("" if args.moments == "f32" else f", {args.moments} moments")
 
 
 def _finite(v):
@@ -129,7 +130,7 @@ def _train_ranks(args, world):
     graph = MODELS[args.model](args.batch_size if world is None else
                                world.local_batch(args.batch_size))
     acc = lb // args.batch_size
-    opt = optim.AdamW(lr=args.lr, accumulate=acc)
+    opt = optim.AdamW(lr=args.lr, accumulate=acc, moments=args.moments)
     scaling = loss_scale(args)
     target = compile_target(args)
     t0 = time.perf_counter()
@@ -206,7 +207,7 @@ def _train_ranks(args, world):
             "compile_seconds": compile_s,
             "samples_per_second": n_train / sum(epoch_seconds) if epoch_seconds else None,
             "data": _data_kind(args), "n_test": test.ndata, "precision": args.precision,
-            **scale_summary(prog),
+            **scale_summary(prog), "moments": args.moments,
             **({} if world is None else {"mpi_ranks": world.size,
                                          "allreduce_seconds": world.seconds["allreduce"]})}))
     return 0

@@ -54,11 +54,14 @@ def load_model(path, arch: str | None = None) -> tuple[str, dict]:
 
 def save_checkpoint(path, arch: str, params: dict, state: dict, meta: dict,
                     data: str | None = None) -> None:
-    """Params (as save_model), optimizer `state` arrays (stored as they are) and a JSON-able `meta`
+    """Params (as save_model), optimizer `state` arrays (stored as they are; bf16 state, uint16
+    bits, as int16, which the program's state takes back as bits) and a JSON-able `meta`
     dict (e.g. {"step": 12, "rng": generator.bit_generator.state}); `data` as in save_model."""
     tensors = _spec(arch, path).to_ggml(params)
     for k, v in state.items():
         v = np.asarray(v)
+        if v.dtype == np.uint16:        # bf16 state (AdamW moments="bf16"): its bits, as I16
+            v = v.view(np.int16)
         if v.dtype.type not in _STATE_DTYPES:
             raise ValueError(f"{path}: state {k} has dtype {v.dtype}; GGUF stores "
                              f"{', '.join(np.dtype(t).name for t in _STATE_DTYPES)}")

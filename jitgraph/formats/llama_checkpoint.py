@@ -20,7 +20,10 @@ from .gguf import CHECKPOINT_KEY, STATE_PREFIX, _header, gguf_writer
 def save_llama_checkpoint(path, cfg, tok, params: dict, state: dict, meta: dict) -> None:
     """A llama training checkpoint, written atomically."""
     arrays = {k: np.asarray(v) for k, v in params.items()}
-    arrays.update({STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
+    # bf16 state (AdamW moments="bf16": uint16 bits) as I16, which the program takes back as bits
+    arrays.update({STATE_PREFIX + k: np.asarray(v).view(np.int16)
+                   if np.asarray(v).dtype == np.uint16 else np.asarray(v)
+                   for k, v in state.items()})
     meta = {**meta, "shapes": {k: list(a.shape) for k, a in arrays.items()}}
     with gguf_writer(path, cfg.arch) as w:
         w.add_name("jitgraph training checkpoint")
