@@ -229,3 +229,24 @@ def test_train_llama_bf16_moments(llama_runs, tmp_path, capsys, testdata):
         cli.main(["finetune", str(testdata.stories), "--full", "--optimizer", "sgd",
                   "--moments", "bf16", "--out", str(tmp_path / "o.gguf")])
     assert "--optimizer sgd has none" in capsys.readouterr().err
+
+
+def test_dump_shows_the_precision_stage(capsys):
+    """`dump --precision bf16 --stage precision`: each GEMM reads bf16 casts and gives a bf16
+    product; f16's optimizer stage unscales by opt/loss_scale; the precision stage of an f32
+    program is a usage error, as is --loss-scale without f16."""
+    assert cli.main(["dump", "mnist-fc", "--stage", "precision", "--precision", "bf16",
+                     "--quiet"]) == 0
+    out = capsys.readouterr().out
+    mm = [line for line in out.splitlines() if "matmul(" in line]
+    assert len(mm) == 2 and all(line.rstrip().endswith("bf16[100,500]") or
+                                line.rstrip().endswith("bf16[100,10]") for line in mm), mm
+    assert out.count("[dtype=bf16]") == 4
+    assert cli.main(["dump", "mnist-fc", "--stage", "optimizer", "--precision", "f16",
+                     "--quiet"]) == 0
+    assert "opt/loss_scale" in capsys.readouterr().out
+    assert cli.main(["dump", "mnist-fc", "--stage", "precision", "--quiet"]) == 2
+    assert "--stage precision: the stage runs with --precision bf16 or f16" in \
+        capsys.readouterr().err
+    assert cli.main(["dump", "llama", "--stage", "graph", "--loss-scale", "8"]) == 2
+    assert "loss scaling is for --precision f16" in capsys.readouterr().err

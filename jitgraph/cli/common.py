@@ -281,12 +281,13 @@ def scale_meta(prog) -> dict:
             **({"scaler": prog.scaler.state()} if prog.scaler is not None else {})}
 
 
-def restore_scale(prog, meta, path) -> None:
+def restore_scale(prog, meta) -> None:
     """The loss scaling's state from a checkpoint's meta (what scale_meta wrote)."""
     prog.skipped = int(meta.get("skipped", 0))
     if prog.scaler is not None:
         if "scaler" not in meta:
-            raise ValueError(f"--resume {path}: the checkpoint holds no loss scale state")
+            raise ValueError("--resume: the checkpoint holds no loss scale state (it was not "
+                             "trained with --precision f16's loss scaling)")
         prog.scaler.load(meta["scaler"])
 
 

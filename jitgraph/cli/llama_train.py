@@ -386,7 +386,7 @@ class LMTrainer:
         for k, v in state.items():
             self.program.state[k] = v
         self.program.calls, self.step = meta["calls"], meta["step"]
-        restore_scale(self.program, meta, "checkpoint")
+        restore_scale(self.program, meta)
         self.sampler.state = meta["rng"]
         self.window = [float(v) for v in meta.get("window", [])]
 
@@ -645,7 +645,7 @@ def _epoch_trainer(args, prog, windows, n_train):
             for k, v in state.items():
                 self.program.state[k] = v
             self.program.calls = meta["calls"]
-            restore_scale(self.program, meta, "checkpoint")
+            restore_scale(self.program, meta)
             self.epoch, self.batch = meta["epoch"], meta["batch"]
             part = meta["partial"]
             self.partial.losses = [float(v) for v in part["losses"]]
@@ -1236,11 +1236,14 @@ def dump_llama(args):
     if program == "train":
         graph = llama_forward(cfg, args.batch_size or d["batch_size"], cfg.ctx, labels=True,
                               name="llama_train")
-        kw = {"loss": "loss", "optimizer": optim.AdamW(lr=1e-3, weight_decay=0.0)}
+        kw = {"loss": "loss", "optimizer": optim.AdamW(lr=1e-3, weight_decay=0.0,
+                                                       moments=args.moments),
+              "precision": args.precision, "loss_scale": loss_scale(args)}
     else:
         graph = llama_decoder(cfg, 16 if program == "prefill" else 1, cfg.ctx,
                               last=program == "prefill")
-        kw = {}
+        kw = {"precision": args.precision}
+        loss_scale(args)                # (a usage error: loss scaling without f16)
     if args.stage == "graph" and not args.memory_timeline:
         return emit(args, graph=graph)
     absent = {"checkpoint"} | (set() if program == "train" else {"autodiff", "optimizer"})
@@ -1249,7 +1252,8 @@ def dump_llama(args):
                          f"{' (it is forward only)' if program != 'train' else ''}")
     with compile_progress(args, f"llama {program}"):
         prog = jg_compile(graph, fuse=not args.no_fuse, plan_memory=not args.no_plan,
-                          check_finite=args.stage == "guard", target=compile_target(args), **kw)
+                          check_finite=args.stage == "guard" and not kw.get("loss_scale"),
+                          target=compile_target(args), **kw)
     return emit(args, prog)
 
 

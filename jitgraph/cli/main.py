@@ -108,6 +108,7 @@ def parser():
     add_dump_options(d)
     add_picture_options(d)
     add_compile_flags(d)
+    add_precision_flag(d)
     d.add_argument("--quiet", action="store_true", help="no compile progress bar")
     d.set_defaults(fn=dump, parser=d)
 

@@ -152,7 +152,7 @@ def _train_ranks(args, world):
         for k, v in state.items():
             prog.state[k] = v
         prog.calls, trainer.epoch = meta["calls"], meta["epoch"]
-        restore_scale(prog, meta, args.resume)
+        restore_scale(prog, meta)
         trainer.rng.bit_generator.state = meta["rng"]
         trainer.order = np.asarray(meta["order"], dtype=np.int64)
     say(args, f"{args.model}: batch {args.batch_size}"
@@ -252,6 +252,8 @@ def dump(args):
     from ..models import MODELS
     from .dump import check_picture_options, emit
     check_picture_options(args)
+    if args.stage == "precision" and args.precision == "f32":
+        raise ValueError("--stage precision: the stage runs with --precision bf16 or f16")
     if args.model == "llama":
         from .llama_train import dump_llama
         return dump_llama(args)
@@ -261,10 +263,13 @@ def dump(args):
     if args.stage == "graph" and not args.memory_timeline:
         return emit(args, graph=graph)
     with compile_progress(args, args.model):
-        prog = jg_compile(graph, loss="loss", optimizer=optim.AdamW(lr=1e-3),
+        scaling = loss_scale(args)
+        prog = jg_compile(graph, loss="loss", optimizer=optim.AdamW(lr=1e-3, moments=args.moments),
                           fuse=not args.no_fuse, plan_memory=not args.no_plan,
-                          check_finite=args.stage == "guard",   # the stage check_finite adds
-                          target=compile_target(args))
+                          # the stage check_finite adds (loss scaling has it anyway)
+                          check_finite=args.stage == "guard" and not scaling,
+                          target=compile_target(args), precision=args.precision,
+                          loss_scale=scaling)
     return emit(args, prog)
 
 
