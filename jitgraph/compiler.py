@@ -126,13 +126,12 @@ def _loss_scale(spec, precision, optimizer):
 
 
 def _page_offsets(params) -> dict:
-    """param -> its file offset's place in a page, for the params given as tensors of a file
-    large enough to map (formats/mapping.py): the memory plan puts their slots at the same
-    place in a page, so the program maps the file's pages instead of reading them."""
-    from .formats.mapping import MIN_BYTES, PAGE
-    from .formats.tensors import FileTensor
-    return {k: v.offset % PAGE for k, v in params.items()
-            if isinstance(v, FileTensor) and v.nbytes >= MIN_BYTES}
+    """param -> its file offset's place in a page, for the params given as file tensors large
+    enough to map (their `page_offset`, jitgraph.formats.tensors.FileTensor): the memory plan
+    puts their slots at the same place in a page, so the program maps the file's pages instead
+    of reading them."""
+    offsets = {k: getattr(v, "page_offset", None) for k, v in params.items()}
+    return {k: o for k, o in offsets.items() if o is not None}
 
 
 def _shared_params(graph, share, optimizer):

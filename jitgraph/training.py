@@ -237,7 +237,9 @@ class Trainer:
         self.epoch = 0
         self.unit = int(unit)
         self.batch, self.partial = 0, Result(unit=self.unit)
-        self.evaluator = program.evaluator()
+        # the validation runs in the training program's arena (its activations are dead
+        # between steps): run_epoch reads each batch's figures at once
+        self.evaluator = program.evaluator(share_memory=True)
         first = self.order[:batch_size if world is None else world.local_batch(batch_size)]
         # compile the evaluator now, not inside epoch timing
         self.evaluator.run(**self.inputs(_feeds(dataset.x[first], dataset.y[first])))

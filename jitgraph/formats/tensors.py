@@ -33,6 +33,14 @@ class FileTensor:
     def nbytes(self) -> int:
         return self.type.nbytes
 
+    @property
+    def page_offset(self):
+        """Where its first byte lies in a page when the tensor is large enough to be mapped
+        (formats/mapping.py), else None: the memory plan puts its slot at that place in a page
+        (the compiler reads this attribute, not the file format)."""
+        from .mapping import MIN_BYTES, PAGE
+        return self.offset % PAGE if self.nbytes >= MIN_BYTES else None
+
     def read_into(self, out: np.ndarray, mapped: bool = False) -> None:
         """Read the bytes into `out`, a C-contiguous array of exactly nbytes bytes (its
         storage array: TensorType.storage_shape, np_dtype). mapped=True (`out` lies in memory
