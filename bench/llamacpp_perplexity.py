@@ -59,7 +59,7 @@ def run(cmd, env=None, log=None):
 def llama_ppl(args, env, model, lora=None, log=None):
     """llama-perplexity's final estimate (ppl, +/-, seconds, chunks) on `model` (with adapter
     `lora`)."""
-    cmd = [os.path.join(args.llamacpp, "llama-perplexity"), "-m", model, "-f", args.text,
+    cmd = [os.path.join(args.llamacpp, "llama-perplexity"), "-m", model, "-f", args.score_text,
            "-c", str(args.ctx), "-b", str(args.ctx), "-t", str(args.threads)]
     if args.chunks:
         cmd += ["--chunks", str(args.chunks)]
@@ -75,7 +75,7 @@ def llama_ppl(args, env, model, lora=None, log=None):
 
 def jitgraph_ppl(args, model, lora=None, log=None):
     """`jitgraph perplexity`'s (ppl, +/-, seconds, chunks) on the same tokens."""
-    cmd = [sys.executable, "-m", "jitgraph.cli", "perplexity", model, "--text", args.text,
+    cmd = [sys.executable, "-m", "jitgraph.cli", "perplexity", model, "--text", args.score_text,
            "--split", "all", "--ctx", str(args.ctx), "--json", "--quiet"]
     if args.chunks:
         cmd += ["--chunks", str(args.chunks)]
@@ -89,7 +89,10 @@ def jitgraph_ppl(args, model, lora=None, log=None):
 
 
 def finetune(args, base, out, extra, log):
-    """`jitgraph finetune BASE ... --out OUT` with the script's steps, text and seed."""
+    """`jitgraph finetune BASE ... --out OUT` with the script's steps, text and seed (--reuse: OUT
+    as it is when there)."""
+    if args.reuse and os.path.isfile(out):
+        return 0.0
     cmd = [sys.executable, "-m", "jitgraph.cli", "finetune", base, "--text", args.text,
            "--ctx", str(args.ctx), "--steps", str(args.steps), "--lr", str(args.lr),
            "--seed", "0", "--no-ppl", "--quiet", "--out", out] + extra
@@ -127,6 +130,14 @@ def main(argv=None):
     ap.add_argument("--base", default=os.path.join(ROOT, "tests", "data", "stories260K.gguf"))
     ap.add_argument("--text", default=os.path.join(ROOT, "tests", "data",
                                                    "tinyshakespeare_tail.txt"))
+    ap.add_argument("--score-text", default=None, metavar="FILE",
+                    help="the text both tools score (default: --text, which the finetunes "
+                         "train on)")
+    ap.add_argument("--heldout", action="store_true",
+                    help="score only the finetunes' held-out part: --text's last 10 %% of bytes, "
+                         "written to the work folder")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep a finetune's output already in --work instead of training again")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=None, help="score only the first N chunks")
     ap.add_argument("--threads", type=int, default=2)
@@ -153,6 +164,13 @@ def main(argv=None):
     work = args.work or tempfile.mkdtemp(prefix="llamacpp-ppl-")
     os.makedirs(work, exist_ok=True)
     groups = set(args.only.split(","))
+    args.score_text = os.path.abspath(args.score_text) if args.score_text else args.text
+    if args.heldout:
+        with open(args.text, "rb") as f:
+            data = f.read()
+        args.score_text = os.path.join(work, "heldout.txt")
+        with open(args.score_text, "wb") as f:       # jitgraph finetune's split: tail:0.1
+            f.write(data[int(0.9 * len(data)):])
     ftypes = args.ftypes.split(",")
 
     def to_type(src, ftype, dst):
@@ -196,7 +214,7 @@ def main(argv=None):
              "--out", dst, "--quiet"], log=dst + ".export.log")
         jobs.append(("stories260K + LoRA merged by `jitgraph export`", dst, None))
 
-    print(f"# text {args.text}, ctx {args.ctx}, chunks {args.chunks or 'all'}, "
+    print(f"# text {args.score_text}, ctx {args.ctx}, chunks {args.chunks or 'all'}, "
           f"threads {args.threads}, kv_f16 {args.kv_f16}, work {work}", flush=True)
     print("| file | jitgraph PPL | llama-perplexity PPL | difference | within |")
     print("| --- | --- | --- | --- | --- |", flush=True)
@@ -218,7 +236,7 @@ def main(argv=None):
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(dict(text=os.path.basename(args.text), ctx=args.ctx,
+            json.dump(dict(text=os.path.basename(args.score_text), ctx=args.ctx,
                            chunks=rows[0]["chunks"] if rows else None, kv_f16=args.kv_f16,
                            steps=args.steps, lr=args.lr, lora_rank=args.lora_rank,
                            rows=rows), f, indent=1)
