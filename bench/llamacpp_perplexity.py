@@ -68,7 +68,9 @@ def llama_ppl(args, env, model, lora=None, log=None):
     out, dt = run(cmd, env=env, log=log)
     m = _FINAL.search(out)
     if not m:
-        sys.exit(f"no 'Final estimate' in llama-perplexity's output: {' '.join(cmd)}\n{out[-2000:]}")
+        # llama.cpp 0.3.36's logger can lose the last lines at exit (bench/README.md)
+        sys.exit(f"no 'Final estimate' in llama-perplexity's output (its last lines lost at "
+                 f"exit? see bench/README.md): {' '.join(cmd)}\n{out[-2000:]}")
     c = _CHUNKS.search(out)
     return float(m.group(1)), float(m.group(2)), dt, int(c.group(1)) if c else None
 
