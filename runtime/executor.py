@@ -609,7 +609,12 @@ class Evaluator:
                              f"{', '.join(sorted(given)) or 'none'}; missing "
                              f"{', '.join(sorted(need))}")
         prog = self._prog
-        opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None, boundary=False,
+        # params the training program stores in another type (bf16 master weights): the
+        # evaluator's graph reads them so too (the pipeline's stored_params)
+        types = {k: prog.graph.nodes[i].type.dtype for k, i in prog.graph.params.items()
+                 if k in g.params and prog.graph.nodes[i].type != g.nodes[g.params[k]].type}
+        opts = replace(prog.options, loss=None, stored_params=types or None, optimizer=None,
+                       checkpoint=None, boundary=False,
                        param_slots=prog._products.memory.params, loss_scale=None,
                        check_finite=prog.options.check_finite is True)
         return prog._compiler(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,
