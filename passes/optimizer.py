@@ -58,8 +58,7 @@ def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False
     else:
         g = graph.copy()
     n0 = len(g.nodes)
-    params = {p: g.tensor(graph.params[p]) if p not in stored else
-              g.tensor(g.params[p]) for p in names}
+    params = {p: g.tensor(g.params[p]) for p in names}
     params = {p: cast(t, "f32") if p in stored else t for p, t in params.items()}
     grads = {p: g.tensor(g.outputs.pop(f"grad/{p}")) for p in names}
     scalars = _Scalars(g.input(LR, ()), g.input(STEP, ()))

@@ -1243,7 +1243,8 @@ def dump_llama(args):
         graph = llama_forward(cfg, args.batch_size or d["batch_size"], cfg.ctx, labels=True,
                               name="llama_train")
         kw = {"loss": "loss", "optimizer": optim.AdamW(lr=1e-3, weight_decay=0.0,
-                                                       moments=args.moments),
+                                                       moments=args.moments,
+                                                       master=args.master),
               "precision": args.precision, "loss_scale": loss_scale(args)}
     else:
         graph = llama_decoder(cfg, 16 if program == "prefill" else 1, cfg.ctx,
