@@ -94,6 +94,12 @@ class ArrayMap(MutableMapping):
         if hasattr(value, "read_into"):
             # a tensor of a file (formats/tensors.py): its bytes are read straight into place
             t = value.type
+            if t.dtype == "f32" and _half_of(v.dtype) == "bf16" and t.shape == v.shape:
+                # an f32 weight of a file into a bf16 slot (bf16 master weights): rounded
+                a = np.empty(t.shape, np.float32)
+                value.read_into(a)
+                v[...] = _as_half(a, "bf16", f"{self._what} {name}")
+                return
             if t.storage_shape != v.shape or t.np_dtype != v.dtype:
                 raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {t} from "
                                  f"{value.path}")

@@ -96,3 +96,12 @@ def test_train_mnist_and_lora_finetune_master_bf16(tmp_path, capsys, testdata):
     for key in ("train", "val"):
         np.testing.assert_allclose(_losses(res["bf16"], key), _losses(res["f32"], key),
                                    rtol=8 * EPS, atol=0, err_msg=key)
+    # a full finetune: the base's f32 weights (read from the file) rounded into bf16 slots,
+    # the model written as f32 values of bf16 weights
+    from jitgraph.models.llama import read_llama
+    full = tmp_path / "full.gguf"
+    assert cli.main([*ft[:4], "--full", *ft[10:], "--master", "bf16", "--out", str(full)]) == 0
+    r = _last_json(capsys.readouterr().out)
+    assert r["master"] == "bf16" and _losses(r, "val")[-1] < _losses(r, "val")[0]
+    _, params, _ = read_llama(full)
+    assert all(v.dtype == np.float32 and _bf16_exact(v) for v in params.values())
