@@ -61,8 +61,8 @@ def main(argv=None):
             times[k].append(1e3 * (time.perf_counter() - t0) / args.steps)
     after = sgemm_gflops()
     base = statistics.median(times[("f32", "f32", "f32")])
-    print(f"{'precision':<10} {'moments':<8} {'master':<7} {'arena MB':>8} {'persist MB':>10} {'ms/step':>8} "
-          f"{'vs f32':>7}  (median of {args.rounds} rounds of {args.steps} steps; IQR)")
+    print(f"{'precision':<10} {'moments':<8} {'master':<7} {'arena MB':>8} {'persist MB':>10} "
+          f"{'ms/step':>8} {'vs f32':>7}  (median of {args.rounds} rounds of {args.steps} steps; IQR)")
     for (prec, mom, master), ts in times.items():
         med = statistics.median(ts)
         q = statistics.quantiles(ts, n=4)
