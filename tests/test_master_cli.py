@@ -105,3 +105,20 @@ def test_train_mnist_and_lora_finetune_master_bf16(tmp_path, capsys, testdata):
     assert r["master"] == "bf16" and _losses(r, "val")[-1] < _losses(r, "val")[0]
     _, params, _ = read_llama(full)
     assert all(v.dtype == np.float32 and _bf16_exact(v) for v in params.values())
+
+
+@pytest.mark.slow
+def test_train_mnist_master_bf16_resumes_bit_for_bit(tmp_path, capsys):
+    """1 epoch, checkpoint (the weights' f32 values), --resume to 2 epochs: the model file of 2
+    unbroken epochs byte for byte (the rounding's bits come from --seed and the step)."""
+    ck, a, b = tmp_path / "ck.gguf", tmp_path / "a.gguf", tmp_path / "b.gguf"
+    args = ["train", "mnist-fc", "--n-train", "1000", "--n-test", "500", "--quiet", "--json",
+            "--logical-batch", "200", "--master", "bf16", "--seed", "3"]
+    assert cli.main([*args, "--epochs", "1", "--checkpoint", str(ck)]) == 0
+    assert cli.main([*args, "--epochs", "2", "--resume", str(ck), "--out", str(a)]) == 0
+    resumed = _last_json(capsys.readouterr().out)
+    assert cli.main([*args, "--epochs", "2", "--out", str(b)]) == 0
+    straight = _last_json(capsys.readouterr().out)
+    assert resumed["master"] == straight["master"] == "bf16"
+    assert a.read_bytes() == b.read_bytes()
+    assert resumed["test_loss"] == straight["test_loss"]
