@@ -1,10 +1,11 @@
 """Step time of `train llama`'s default model (width 128, 4 layers, batch 16 x 128 tokens, AdamW)
-in f32 and in mixed precision (bf16, f16 with its loss scale; optionally bf16 moments), one
+in f32 and in mixed precision (bf16, f16 with its loss scale; optionally bf16 moments and bf16
+master weights), one
 process, the programs' steps interleaved round by round so a busy machine's load falls on all
 alike; each one's arena (activations, gradients) and persistent bytes (params, optimizer
 state), its median ms per step, and the host's sgemm rate before and after.
 
-    python bench/precision_step.py [--rounds 15] [--steps 4] [--moments]
+    python bench/precision_step.py [--rounds 15] [--steps 4] [--moments] [--master]
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=4, help="steps of each program per round")
     p.add_argument("--moments", action="store_true", help="also bf16 with --moments bf16")
+    p.add_argument("--master", action="store_true",
+                   help="also bf16 with bf16 moments and bf16 master weights")
     args = p.parse_args(argv)
 
     import jitgraph as jg
@@ -29,20 +32,23 @@ def main(argv=None):
 
     print(host_header())
     cfg = LlamaConfig(vocab=len(byte_vocab()), dim=128, layers=4, heads=4, ctx=128)
-    runs = [("f32", "f32"), ("bf16", "f32"), ("f16", "f32")]
+    runs = [("f32", "f32", "f32"), ("bf16", "f32", "f32"), ("f16", "f32", "f32")]
     if args.moments:
-        runs.append(("bf16", "bf16"))
+        runs.append(("bf16", "bf16", "f32"))
+    if args.master:
+        runs.append(("bf16", "bf16", "bf16"))
     rng = np.random.default_rng(0)
     toks = rng.integers(0, cfg.vocab, (16, 129)).astype(np.int32)
     feeds = dict(tokens=toks[:, :-1], pos=np.arange(128, dtype=np.int32), labels=toks[:, 1:])
     progs = {}
-    for prec, mom in runs:
+    for prec, mom, master in runs:
         t0 = time.perf_counter()
-        progs[(prec, mom)] = jg.compile(
+        progs[(prec, mom, master)] = jg.compile(
             llama_forward(cfg, 16, 128, labels=True), loss="loss",
-            optimizer=jg.optim.AdamW(lr=1e-3, weight_decay=0.0, moments=mom), precision=prec,
-            copy_outputs=False)
-        print(f"# compiled {prec} (moments {mom}) in {time.perf_counter() - t0:.1f} s")
+            optimizer=jg.optim.AdamW(lr=1e-3, weight_decay=0.0, moments=mom, master=master),
+            precision=prec, copy_outputs=False)
+        print(f"# compiled {prec} (moments {mom}, master {master}) in "
+              f"{time.perf_counter() - t0:.1f} s")
     for prog in progs.values():
         prog.step(**feeds)                        # warm
     before = sgemm_gflops()
@@ -54,18 +60,18 @@ def main(argv=None):
                 prog.step(**feeds)
             times[k].append(1e3 * (time.perf_counter() - t0) / args.steps)
     after = sgemm_gflops()
-    base = statistics.median(times[("f32", "f32")])
-    print(f"{'precision':<10} {'moments':<8} {'arena MB':>8} {'persist MB':>10} {'ms/step':>8} "
-          f"{'vs f32':>7}  (median of {args.rounds} rounds of {args.steps} steps; IQR)")
-    for (prec, mom), ts in times.items():
+    base = statistics.median(times[("f32", "f32", "f32")])
+    print(f"{'precision':<10} {'moments':<8} {'master':<7} {'arena MB':>8} {'persist MB':>10} "
+          f"{'ms/step':>8} {'vs f32':>7}  (median of {args.rounds} rounds of {args.steps} steps; IQR)")
+    for (prec, mom, master), ts in times.items():
         med = statistics.median(ts)
         q = statistics.quantiles(ts, n=4)
         extra = ""
-        prog = progs[(prec, mom)]
+        prog = progs[(prec, mom, master)]
         if prog.scaler is not None:
             extra = f"  loss scale {prog.scaler.scale:g}, {prog.skipped} skipped"
         st = prog.stats()
-        print(f"{prec:<10} {mom:<8} {st['arena_bytes'] / 2**20:8.1f} "
+        print(f"{prec:<10} {mom:<8} {master:<7} {st['arena_bytes'] / 2**20:8.1f} "
               f"{st['persistent_bytes'] / 2**20:10.1f} {med:8.1f} {med / base:6.2f}x  "
               f"({q[0]:.1f}-{q[2]:.1f}){extra}")
     print(f"# sgemm 1024^3: {before:.0f} GFLOP/s before, {after:.0f} after")

@@ -212,6 +212,9 @@ class Graph:
         rng = np.random.default_rng([int(seed), zlib.crc32(name.encode())])
         if t.is_storage:
             return _storage_init(self.inits[name], t, rng)
+        if t.dtype == "bf16":           # bf16 bits (uint16) of the init's values, rounded
+            from .half import round_to
+            return np.ascontiguousarray(round_to(self.inits[name](t.shape, rng), "bf16"))
         return np.asarray(self.inits[name](t.shape, rng), dtype=t.np_dtype, order="C")
 
     def validate(self) -> "Graph":

@@ -24,10 +24,23 @@ LOSS_SCALE = "opt/loss_scale"      # f32 scalar input: dynamic loss scaling's S 
 
 @dataclass(frozen=True)
 class Optimizer:
-    """Common fields (declared by each subclass): lr, weight_decay, clip_norm, accumulate."""
+    """Common fields (declared by each subclass): lr, weight_decay, clip_norm, accumulate,
+    master, seed.
+
+    master: the type the trainable f32 params are stored in, "f32" or "bf16" (bf16 master
+    weights: half the params' bytes). With "bf16" each step reads a param as f32, computes its
+    update in f32 and stores the new value rounded to bf16 stochastically (op sround_bf16:
+    unbiased, so updates smaller than a bf16 unit still move the weight on average); the random
+    bits are a hash of (seed, the param, the optimizer step t, the element), no state beyond
+    the step, so a resumed run rounds as the unbroken one."""
 
     def __post_init__(self):
         name = type(self).__name__
+        if self.master not in ("f32", "bf16"):
+            raise ValueError(f"{name}: master must be 'f32' or 'bf16', got {self.master!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
+                or self.seed < 0:
+            raise ValueError(f"{name}: seed must be an int >= 0, got {self.seed!r}")
         if not callable(self.lr) and not _is_nonneg(self.lr):
             raise ValueError(f"{name}: lr must be a non-negative number or a callable "
                              f"lr(step) -> float, got {self.lr!r}")
@@ -87,6 +100,8 @@ class SGD(Optimizer):
     weight_decay: float = 0.0
     clip_norm: float | None = None
     accumulate: int = 1
+    master: str = "f32"
+    seed: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -110,6 +125,8 @@ class Adam(Optimizer):
     clip_norm: float | None = None
     accumulate: int = 1
     moments: str = "f32"
+    master: str = "f32"
+    seed: int = 0
     decoupled: ClassVar[bool] = False
 
     def __post_init__(self):

@@ -17,10 +17,17 @@ unscaled micro-batch loss); on other micro-steps params and moments keep their e
 (`where(opt/apply, new, old)`), and the accumulators restart from zero after applying.
 With an update boundary (passes/boundary.py) the boundary values are the gradients after
 accumulation, so a hook on the micro-step that applies the update sees the whole sum.
+
+bf16 master weights (optimizer.master == "bf16"): every trainable f32 param becomes a bf16
+param read through a cast to f32 (the forward, backward and gradients are unchanged: they see
+the f32 value of the bf16 weight); the update computes the new f32 value from that and stores
+`sround_bf16(new, opt/step)`, rounded stochastically with seed optimizer.seed and a salt per
+param (crc32 of its name), so no two params draw the same bits.
 """
 from __future__ import annotations
 
 import math
+import zlib
 
 from jitgraph import init
 from jitgraph.ops import apply, cast, const, clamp, exp, mul, scale, sqr, sqrt, sum as rsum, where
@@ -29,6 +36,7 @@ from jitgraph.types import ShapeError
 
 from .boundary import PREFIX
 from .guard import gate
+from .precision import stored_as
 from .report import Report
 
 
@@ -43,9 +51,15 @@ def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False
     if not names:
         raise ShapeError(f"optimizer: graph {graph.name} has no grad/<param> outputs; run "
                          f"autodiff first (jitgraph.passes.autodiff.grad)")
-    g = graph.copy()
+    master = getattr(optimizer, "master", "f32")
+    stored = {}                 # bf16 master weights: param -> its bf16 leaf
+    if master != "f32":
+        g, stored = stored_as(graph, {p: master for p in names})
+    else:
+        g = graph.copy()
     n0 = len(g.nodes)
-    params = {p: g.tensor(graph.params[p]) for p in names}
+    params = {p: g.tensor(g.params[p]) for p in names}
+    params = {p: cast(t, "f32") if p in stored else t for p, t in params.items()}
     grads = {p: g.tensor(g.outputs.pop(f"grad/{p}")) for p in names}
     scalars = _Scalars(g.input(LR, ()), g.input(STEP, ()))
     if LOSS_SCALE in g.inputs:
@@ -56,7 +70,7 @@ def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False
     acc = {}
     if k > 1:
         for p in names:
-            acc[p] = _state("acc", params[p]) + scale(grads[p], 1.0 / k)
+            acc[p] = _state("acc", params[p], p) + scale(grads[p], 1.0 / k)
         grads = dict(acc)
     if boundary:
         for p in names:
@@ -67,6 +81,9 @@ def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False
     new = {}
     for p in names:
         new.update(rule(optimizer, p, params[p], grads[p], scalars))
+    for p in stored:
+        new[p] = apply("sround_bf16", new[p], scalars.step, seed=int(optimizer.seed),
+                       salt=zlib.crc32(p.encode()))
     if k > 1:
         do = g.input(APPLY, ())
         new = {name: where(do, t, g.tensor(g.params[name])) for name, t in new.items()}
@@ -82,6 +99,9 @@ def apply_optimizer(graph, optimizer, loss: str = "loss", boundary: bool = False
     if boundary:
         rep.lines.append(f"update boundary: outputs {PREFIX}<param> ({len(names)}) are what the "
                          f"update reads, after the hook")
+    if stored:
+        rep.lines.append(f"master weights: {len(stored)} params stored as {master}, updated in "
+                         f"f32 and rounded stochastically (seed {optimizer.seed})")
     if LOSS_SCALE in g.inputs:
         rep.lines.append(f"loss scaling: gradients multiplied by 1 / {LOSS_SCALE} first")
     if k > 1:
@@ -110,10 +130,10 @@ class _Scalars:
         return self.casts[(key, dtype)]
 
 
-def _state(slot, p, dtype=None):
-    """Zero-initialised optimizer state `opt/<slot>/<param>` shaped like param p, of p's type
-    or `dtype`."""
-    return p.graph.param(f"opt/{slot}/{p.label}", p.shape, dtype or p.dtype, init=init.zeros(),
+def _state(slot, p, name, dtype=None):
+    """Zero-initialised optimizer state `opt/<slot>/<name>` shaped like param p (the value of
+    param `name`), of p's type or `dtype`."""
+    return p.graph.param(f"opt/{slot}/{name}", p.shape, dtype or p.dtype, init=init.zeros(),
                          trainable=False)
 
 
@@ -134,7 +154,7 @@ def _sgd(opt, name, p, grad, scalars):
     d = grad + scale(p, opt.weight_decay) if opt.weight_decay else grad
     new = {}
     if opt.momentum:
-        d = scale(_state("m", p), opt.momentum) + d
+        d = scale(_state("m", p, name), opt.momentum) + d
         new[f"opt/m/{name}"] = d
     new[name] = p - mul(scalars("lr", p.dtype), d)
     return new
@@ -146,7 +166,7 @@ def _adam(opt, name, p, grad, scalars):
     # moments stored in another type (bf16): read as p's type, stored rounded; the step uses
     # the unrounded new moments
     md = opt.moments if opt.moments != p.dtype and p.dtype == "f32" else p.dtype
-    m_old, v_old = _state("m", p, md), _state("v", p, md)
+    m_old, v_old = _state("m", p, name, md), _state("v", p, name, md)
     if md != p.dtype:
         m_old, v_old = cast(m_old, p.dtype), cast(v_old, p.dtype)
     m = apply("ema", m_old, grad, beta=opt.beta1)

@@ -44,7 +44,7 @@ from .checkpoint import checkpoint
 from .guard import guard
 from .optimizer import apply_optimizer
 from .patterns import recognise_patterns
-from .precision import mixed
+from .precision import mixed, stored_as
 from .planning import PLAN_STAGES, Options, State, dump, plan, run_stages
 from .simplify import simplify
 
@@ -126,6 +126,8 @@ def run_pipeline(graph, options: Options) -> State:
     if options.boundary and options.optimizer is None:
         raise ShapeError("compile: an update hook needs an optimizer (the hook runs between the "
                          "gradients and the update)")
+    if options.stored_params:       # an evaluator of a program with bf16 master weights
+        graph = stored_as(graph, options.stored_params)[0]
     st = State(graph, options)
     st.ir["graph"] = str(graph)
     st.stages["graph"] = (graph, None, None)

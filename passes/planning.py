@@ -33,6 +33,8 @@ class Options:
     precision: str = "f32"            # GEMMs in "bf16" / "f16", the rest f32 (precision.py)
     loss_scale: object = None         # jitgraph.optim.LossScale: the backward seeded with the
     #                                   input opt/loss_scale, the optimizer unscales (optimizer.py)
+    stored_params: dict | None = None  # internal: param -> the type it is stored in, read
+    #                                   through a cast (an evaluator of bf16 master weights)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Precision rewrites: a graph with every float value in another precision (f32 <-> f64,
-`cast_graph`), and mixed precision (`mixed`, jg.compile's precision="bf16" | "f16")."""
+`cast_graph`), mixed precision (`mixed`, jg.compile's precision="bf16" | "f16") and params
+stored in another type (`stored_as`: bf16 master weights)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -56,3 +57,22 @@ def mixed(graph, dtype: str):
 
     out, _ = rebuild(graph, rule)
     return out, Report("precision", {**count, "dtype": dtype})
+
+
+def stored_as(graph, types: dict):
+    """(graph, {param: its new leaf id}): each f32 param named in `types` (name -> "bf16")
+    stored in that type, its readers reading it through one cast to f32 that takes the old
+    leaf's place (so every value computed from it keeps its type). The optimizer pass stores
+    bf16 master weights so; an evaluator of such a training program reads its params so."""
+    stored = {}
+
+    def rule(g, n, new):
+        name = n.attr.get("name") if n.op == "param" else None
+        if name not in types or n.type.dtype != "f32" or types[name] == "f32":
+            return copy_node(g, n, new)
+        leaf = copy_node(g, replace(n, type=TensorType(types[name], n.type.shape)), new)
+        stored[name] = leaf
+        return g.emit("cast", (leaf,), {"dtype": "f32"})
+
+    g, _ = rebuild(graph, rule)
+    return g, stored

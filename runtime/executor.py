@@ -94,6 +94,12 @@ class ArrayMap(MutableMapping):
         if hasattr(value, "read_into"):
             # a tensor of a file (formats/tensors.py): its bytes are read straight into place
             t = value.type
+            if t.dtype == "f32" and _half_of(v.dtype) == "bf16" and t.shape == v.shape:
+                # an f32 weight of a file into a bf16 slot (bf16 master weights): rounded
+                a = np.empty(t.shape, np.float32)
+                value.read_into(a)
+                v[...] = _as_half(a, "bf16", f"{self._what} {name}")
+                return
             if t.storage_shape != v.shape or t.np_dtype != v.dtype:
                 raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {t} from "
                                  f"{value.path}")
@@ -609,7 +615,12 @@ class Evaluator:
                              f"{', '.join(sorted(given)) or 'none'}; missing "
                              f"{', '.join(sorted(need))}")
         prog = self._prog
-        opts = replace(prog.options, loss=None, optimizer=None, checkpoint=None, boundary=False,
+        # params the training program stores in another type (bf16 master weights): the
+        # evaluator's graph reads them so too (the pipeline's stored_params)
+        types = {k: prog.graph.nodes[i].type.dtype for k, i in prog.graph.params.items()
+                 if k in g.params and prog.graph.nodes[i].type != g.nodes[g.params[k]].type}
+        opts = replace(prog.options, loss=None, stored_params=types or None, optimizer=None,
+                       checkpoint=None, boundary=False,
                        param_slots=prog._products.memory.params, loss_scale=None,
                        check_finite=prog.options.check_finite is True)
         return prog._compiler(g, opts, persist=prog._persist, copy_outputs=prog.copy_outputs,

@@ -194,7 +194,7 @@ def test_optimizer_objects_are_data():
     assert pickle.loads(pickle.dumps(a)) == a
     assert a.spec() == {"kind": "AdamW", "lr": 3e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
                         "weight_decay": 0.1, "clip_norm": None, "accumulate": 1,
-                        "moments": "f32"}
+                        "moments": "f32", "master": "f32", "seed": 0}
     assert optim.AdamW().weight_decay == 0.01 and optim.Adam().weight_decay == 0.0
     with pytest.raises(AttributeError):
         a.lr = 1.0

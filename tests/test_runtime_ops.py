@@ -94,7 +94,9 @@ def int_graph():
              neg=-i, abs=jg.abs(i), sgn=jg.sgn(i), step=jg.step(i), where=jg.where(i, i, j),
              to_f32=jg.cast(i, "f32"), sum=jg.sum(i, axis=0), max=jg.max(i, axis=1),
              count_equal=jg.count_equal(i, jg.broadcast_to(j, (6, 5))),
-             argmax=jg.argmax(x, axis=0), argmax_last=jg.argmax(x, axis=1, keepdims=True))
+             argmax=jg.argmax(x, axis=0), argmax_last=jg.argmax(x, axis=1, keepdims=True),
+             # bf16 master weights' stochastic rounding: bit for bit (tests/test_master_bf16.py)
+             sround=jg.ops.apply("sround_bf16", x, jg.sum(x) * 100.0, seed=3, salt=7))
     return g
 
 

@@ -37,7 +37,8 @@ def test_train_reaches_accuracy_and_eval_agrees(tmp_path, capsys):
     res = _last_json(capsys)
     assert set(res) == {"test_acc", "test_loss", "train_loss", "val_acc", "epochs",
                         "epoch_seconds", "compile_seconds", "samples_per_second", "data",
-                        "n_test"}
+                        "n_test", "precision", "loss_scale", "skipped_steps", "moments",
+                        "master"}
     assert res["data"] == "synthetic" and res["n_test"] == 1000
     assert res["epochs"] == 3 and len(res["epoch_seconds"]) == 3
     # 10 classes: chance is 10 %; three short epochs on 3000 samples reach about 54 %

@@ -218,6 +218,11 @@ def add_precision_flag(p):
     p.add_argument("--moments", choices=("f32", "bf16"), default="f32",
                    help="the type AdamW's moments m and v are stored in: bf16 halves the "
                         "optimizer state (the update is computed in f32)")
+    p.add_argument("--master", choices=("f32", "bf16"), default="f32",
+                   help="the type the trainable weights are stored in (master weights): bf16 "
+                        "halves their bytes; each update is computed in f32 and rounded to "
+                        "bf16 stochastically (its randomness a hash of --seed and the step, so "
+                        "--resume stays bit-exact); files are written from their f32 values")
     p.add_argument("--loss-scale", type=_loss_scale, default=None, metavar="S|off",
                    help="--precision f16: the dynamic loss scale's first value (halved at each "
                         "step whose gradients are not finite, which is skipped; doubled after "
@@ -371,3 +376,20 @@ def add_ftype(p, what: str) -> None:
     p.add_argument("--ftype", choices=WRITE_TYPES, default="f32",
                    help=f"storage of {what}: f32, f16, bf16 or q8_0 (rows that are not whole "
                         f"q8_0 blocks are f16); default f32")
+
+
+def f32_weights(prog, names=None) -> dict:
+    """Program `prog`'s params `names` (default: all) as the model and adapter writers and the
+    checkpoints take them, name -> array: read-only views of where they live (not copied),
+    except bf16 master weights (f32 params of the source graph the program stores as bf16
+    bits) given as their f32 values: exact, and a bf16 file or a --resume rounds them back to
+    the same bits."""
+    import numpy as np
+
+    from ..half import to_f32
+    src, out = prog.source, {}
+    for k in (prog.params if names is None else names):
+        v = prog.params.view(k)
+        master = v.dtype == np.uint16 and src.nodes[src.params[k]].type.dtype == "f32"
+        out[k] = to_f32(v, "bf16") if master else v
+    return out

@@ -54,8 +54,8 @@ from ..lora import SHORTHANDS
 from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compile_flags,
                      add_ftype, add_precision_flag, add_threads_flag, adopt_resumed,
                      apply_threads, check_model_file, check_outputs, compile_progress,
-                     compile_target, float_in, int_at_least, loss_scale, note_unsaved,
-                     restore_scale, resume_precision, say, scale_line, scale_meta,
+                     compile_target, f32_weights, float_in, int_at_least, loss_scale,
+                     note_unsaved, restore_scale, resume_precision, say, scale_line, scale_meta,
                      scale_summary, warn)
 from .logs import add_log_option, open_log
 
@@ -63,11 +63,12 @@ VAL_BATCHES = 20
 # `train llama` options a checkpoint records: --resume continues with these
 TRAIN_RESUMED = ("text", "vocab", "dim", "layers", "heads", "kv_heads", "ff", "ctx",
                  "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
-                 "no_fuse", "no_plan", "loss_scale", "loss_scale_interval", "moments")
+                 "no_fuse", "no_plan", "loss_scale", "loss_scale_interval", "moments",
+                 "master")
 FINETUNE_RESUMED = ("text", "full", "lora_rank", "lora_alpha", "lora_targets", "ctx",
                     "batch_size", "logical_batch", "lr", "weight_decay", "seed", "recompute",
                     "no_fuse", "no_plan", "optimizer", "val_split", "lr_min", "decay_epochs",
-                    "loss_scale", "loss_scale_interval", "moments")
+                    "loss_scale", "loss_scale_interval", "moments", "master")
 # finetune's options of llama.cpp's workflow, which need --epochs
 EPOCH_ONLY = ("val_split", "lr_min", "decay_epochs")
 VAL_SPLIT = 0.05                   # --val-split's default with --epochs (llama-finetune's)
@@ -569,14 +570,16 @@ def _optimizer(args, acc, steps_per_epoch=1):
         if args.moments != "f32":
             raise ValueError(f"--moments {args.moments}: AdamW's moments; --optimizer sgd has "
                              f"none")
-        return optim.SGD(lr=lr, weight_decay=args.weight_decay, accumulate=acc)
+        return optim.SGD(lr=lr, weight_decay=args.weight_decay, accumulate=acc,
+                         master=args.master, seed=args.seed)
     return optim.AdamW(lr=lr, weight_decay=args.weight_decay, accumulate=acc,
-                       moments=args.moments)
+                       moments=args.moments, master=args.master, seed=args.seed)
 
 
 def _precision_line(args) -> str:
     return ("" if args.precision == "f32" else f", {args.precision} mixed precision") + \
-        ("" if args.moments == "f32" else f", {args.moments} moments")
+        ("" if args.moments == "f32" else f", {args.moments} moments") + \
+        ("" if args.master == "f32" else f", {args.master} master weights")
 
 
 def _optimizer_line(args):
@@ -880,7 +883,8 @@ def _summary(trainer, timing, curve, compile_s):
             "tokens_per_second": trainer.tokens_per_step * ran / sec if ran else None,
             "compile_seconds": compile_s, "curve": curve,
             "precision": trainer.program.options.precision, **scale_summary(trainer.program),
-            "moments": getattr(trainer.program.options.optimizer, "moments", None)}
+            "moments": getattr(trainer.program.options.optimizer, "moments", None),
+            "master": trainer.program.options.optimizer.master}
 
 
 def _count(n):
@@ -895,8 +899,9 @@ def _bytes(n):
 
 
 def _trainable(prog) -> dict:
-    """The program's trainable params, name -> read-only view (what a checkpoint keeps)."""
-    return {k: prog.params.view(k) for k in prog.source.trainable_params()}
+    """The program's trainable params, name -> read-only view (what a checkpoint keeps; bf16
+    master weights as their f32 values, which --resume rounds back to the same bits)."""
+    return f32_weights(prog, prog.source.trainable_params())
 
 
 def _views(values) -> dict:
@@ -915,7 +920,8 @@ def _memory(prog):
     st = prog.stats()
     return {"trainable_params": int(sum(size[k] for k in g.trainable_params())),
             "params": int(sum(size[k] for k in prog.params)),
-            "weights_bytes": int(sum(g.nodes[g.params[k]].type.nbytes for k in prog.params)),
+            # as stored (bf16 master weights: 2 bytes each)
+            "weights_bytes": int(sum(prog.params.view(k).nbytes for k in prog.params)),
             # views, not copies: prog.state[k] copies (an AdamW moment of a 1B model's
             # embedding is 1 GB)
             "optimizer_state_bytes": int(sum(prog.state.view(k).nbytes for k in prog.state)),
@@ -1039,18 +1045,18 @@ def _train_llama(args, world):
         if not root:
             return
         if args.checkpoint:
-            save_llama_checkpoint(args.checkpoint, cfg, tok, _views(prog.params),
+            save_llama_checkpoint(args.checkpoint, cfg, tok, f32_weights(prog),
                                   _views(prog.state),
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
         if stopping and args.out:            # interrupted: the model so far
-            write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph llama",
+            write_llama(args.out, cfg, f32_weights(prog), tok, name="jitgraph llama",
                         ftype=args.ftype)
             Run.out = (args.out, f"the model after step {trainer.step}")
 
     timing = _fit(args, trainer, save, curve)
     if args.out and root:
-        write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph llama",
+        write_llama(args.out, cfg, f32_weights(prog), tok, name="jitgraph llama",
                     ftype=args.ftype)
         say(args, f"saved {args.out}")
     if args.json:
@@ -1171,12 +1177,12 @@ def _finetune(args, world):
     _data_parallel_line(args, world)
 
     def adapter():      # the names first: prog.params.items() would copy every base weight
-        return {k: prog.params[k] for k in prog.params if k.endswith((".lora_a", ".lora_b"))}
+        return f32_weights(prog, [k for k in prog.params if k.endswith((".lora_a", ".lora_b"))])
 
     def write_out():
         if args.full:
             # the weights where they lie, not copied: a 1B model's 4.6 GiB not held twice
-            write_llama(args.out, cfg, _views(prog.params), tok, name="jitgraph finetune",
+            write_llama(args.out, cfg, f32_weights(prog), tok, name="jitgraph finetune",
                         ftype=args.ftype)
         else:
             lora_file.write_adapter(args.out, cfg, adapter(), alpha, ftype=args.ftype)
@@ -1198,7 +1204,7 @@ def _finetune(args, world):
     say(args, f"saved {args.out}")
     ppl_after = None
     if ppl:       # LoRA: the adapter applied unmerged, on the base in its file's type
-        ppl_after = _perplexity(args, cfg, _views(prog.params), tok, tail, "after") \
+        ppl_after = _perplexity(args, cfg, f32_weights(prog), tok, tail, "after") \
             if args.full \
             else _perplexity(args, cfg, base, tok, tail, "after", (adapter(), alpha))
         say(args, f"perplexity: {ppl_before.ppl:.4f} -> {ppl_after.ppl:.4f} "
@@ -1237,7 +1243,8 @@ def dump_llama(args):
         graph = llama_forward(cfg, args.batch_size or d["batch_size"], cfg.ctx, labels=True,
                               name="llama_train")
         kw = {"loss": "loss", "optimizer": optim.AdamW(lr=1e-3, weight_decay=0.0,
-                                                       moments=args.moments),
+                                                       moments=args.moments,
+                                                       master=args.master),
               "precision": args.precision, "loss_scale": loss_scale(args)}
     else:
         graph = llama_decoder(cfg, 16 if program == "prefill" else 1, cfg.ctx,

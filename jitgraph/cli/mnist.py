@@ -9,15 +9,16 @@ import os
 import time
 
 from .common import (Run, Terminated, adopt_resumed, check_model_file, check_outputs,
-                     compile_progress, compile_target, int_at_least, loss_scale, note_unsaved,
-                     restore_scale, resume_precision, say, scale_line, scale_meta,
+                     compile_progress, compile_target, f32_weights, int_at_least, loss_scale,
+                     note_unsaved, restore_scale, resume_precision, say, scale_line, scale_meta,
                      scale_summary, warn)
 from .logs import StepLog, log_result, open_log
 
 
 # training options a checkpoint records: `--resume` continues with these, not the command line's
 RESUMED = ("batch_size", "logical_batch", "lr", "val_split", "seed", "data", "n_train",
-           "no_fuse", "no_plan", "loss_scale", "loss_scale_interval", "moments")
+           "no_fuse", "no_plan", "loss_scale", "loss_scale_interval", "moments",
+           "master")
 
 
 def _data_kind(args):
@@ -47,7 +48,8 @@ def _load_data(args, need_train=True):
 
 def _precision_line(args) -> str:
     return ("" if args.precision == "f32" else f", {args.precision} mixed precision") + \
-        ("" if args.moments == "f32" else f", {args.moments} moments")
+        ("" if args.moments == "f32" else f", {args.moments} moments") + \
+        ("" if args.master == "f32" else f", {args.master} master weights")
 
 
 def _finite(v):
@@ -130,7 +132,8 @@ def _train_ranks(args, world):
     graph = MODELS[args.model](args.batch_size if world is None else
                                world.local_batch(args.batch_size))
     acc = lb // args.batch_size
-    opt = optim.AdamW(lr=args.lr, accumulate=acc, moments=args.moments)
+    opt = optim.AdamW(lr=args.lr, accumulate=acc, moments=args.moments, master=args.master,
+                      seed=args.seed)
     scaling = loss_scale(args)
     target = compile_target(args)
     t0 = time.perf_counter()
@@ -179,12 +182,12 @@ def _train_ranks(args, world):
                             "calls": prog.calls, "epoch": trainer.epoch,
                             "rng": trainer.rng.bit_generator.state,
                             "order": trainer.order.tolist(), **scale_meta(prog)}
-                save_checkpoint(args.checkpoint, args.model, dict(prog.params), dict(prog.state),
-                                meta_out, data=_data_kind(args))
+                save_checkpoint(args.checkpoint, args.model, f32_weights(prog),
+                                dict(prog.state), meta_out, data=_data_kind(args))
                 Run.checkpoint, Run.epoch = args.checkpoint, trainer.epoch
     except (KeyboardInterrupt, Terminated):
         if args.out and world is None:      # the weights after the last whole step
-            save_model(args.out, args.model, dict(prog.params), data=_data_kind(args))
+            save_model(args.out, args.model, f32_weights(prog), data=_data_kind(args))
             n = prog.calls
             Run.out = (args.out, f"the model after {n} step{'s' * (n != 1)} (interrupted in "
                                   f"epoch {trainer.epoch + 1})")
@@ -195,7 +198,7 @@ def _train_ranks(args, world):
     if log:
         log.close()
     if args.out and (world is None or world.is_root):
-        save_model(args.out, args.model, dict(prog.params), data=_data_kind(args))
+        save_model(args.out, args.model, f32_weights(prog), data=_data_kind(args))
         say(args, f"saved {args.out}")
     if args.json:
         n_train = trainer.n_train * len(epoch_seconds)
@@ -207,7 +210,7 @@ def _train_ranks(args, world):
             "compile_seconds": compile_s,
             "samples_per_second": n_train / sum(epoch_seconds) if epoch_seconds else None,
             "data": _data_kind(args), "n_test": test.ndata, "precision": args.precision,
-            **scale_summary(prog), "moments": args.moments,
+            **scale_summary(prog), "moments": args.moments, "master": args.master,
             **({} if world is None else {"mpi_ranks": world.size,
                                          "allreduce_seconds": world.seconds["allreduce"]})}))
     return 0

@@ -37,6 +37,7 @@ names its op, layout and parameters:
              type (jitgraph/types.py STORAGE) as uint8[rows, row bytes], kind its ggml type
              number; work: qgemm_workspace(kind, m, n, k, threads) elements
              get_rows_q(w, kind, idx, out)    -- rows of such a table, dequantized
+  lib_round  sround_bf16(x, step, out, seed, salt)  -- x, out flat; step float32[1]
   lib_pool   max_pool2d(x, out, kh, kw, sh, sw, ph, pw)   max_pool2d_back(x, g, out, ...)
              avg_pool2d(x, out, ...)                       avg_pool2d_back(g, out, ...)
 """
@@ -53,6 +54,7 @@ from .lib_norm import (causal_mask, layer_norm, layer_norm_back, rms_norm,  # no
                        rms_norm_back, rope, rope_back, rope_back_freqs_work, rope_back_work,
                        rope_freqs_work, rope_work, workspace_size_rope)
 from .lib_quant import get_rows_q, qgemm  # noqa: F401
+from .lib_round import sround_bf16  # noqa: F401
 from .lib_pool import avg_pool2d, avg_pool2d_back, max_pool2d, max_pool2d_back  # noqa: F401
 from .lib_rows import (argmax_last, count_equal, cross_entropy, cross_entropy_back,  # noqa: F401
                        log_softmax, logsumexp_last, max_last, softmax, softmax_back)

@@ -221,6 +221,14 @@ def get_rows(graph, n):
                                     (n.id, flat + w.type.shape[1:])])]
 
 
+def sround_bf16(graph, n):
+    """lib.sround_bf16 over the flat value (its element index is the random bits' counter)."""
+    x, step = n.inputs
+    flat = (n.type.size,)
+    return [Call("lib.sround_bf16", [(x, flat), (step, (1,)), (n.id, flat),
+                                     literal(n.attr["seed"]), literal(n.attr["salt"])])]
+
+
 def concat(graph, n):
     """One library call per operand, each writing its slab of the output (lib.embed)."""
     ax, off, calls = n.attr["axis"], 0, []

@@ -91,6 +91,7 @@ TABLE = {
     "avg_pool2d": Library("avg_pool2d", _pool),
     "avg_pool2d_back": Library("avg_pool2d_back", _pool),
     "cross_entropy": Library("cross_entropy"),
+    "sround_bf16": Own(lower.sround_bf16, library="sround_bf16"),
     "cross_entropy_back": Library("cross_entropy_back", paired=fused.cross_entropy),
 }
 
