@@ -8,7 +8,7 @@ path is checked before anything is compiled or trained.
 One module per job: main.py (the parser and `main`), common.py (option types and helpers every
 command shares), mnist.py (train / eval / dump of the MNIST models), llama.py (perplexity,
 generate, export), llama_train.py (train llama, finetune, dump llama), tokenize.py, bench.py
-(with workloads.py, roofline.py, report.py). `jitgraph.cli.main` is the function (the console
-script's entry point), not the module main.py.
+(with workloads.py, roofline.py, report.py). `jitgraph.cli.main` is the function (it returns the exit
+status), not the module main.py; `jitgraph.cli.command` is the console script's entry point.
 """
-from .main import main, parser  # noqa: F401
+from .main import command, main, parser  # noqa: F401

@@ -1,6 +1,4 @@
 """`python -m jitgraph.cli`: the `jitgraph` command."""
-import sys
+from .main import command
 
-from .main import main
-
-sys.exit(main())
+command()

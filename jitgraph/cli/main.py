@@ -263,6 +263,22 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, old_handler)
 
 
+def command(argv=None) -> None:
+    """The `jitgraph` command's process entry (the console script and `python -m jitgraph.cli`):
+    `main`, then exit with its status. After Ctrl-C or SIGTERM the process ends at once
+    (os._exit, once stdout and stderr are flushed): the interpreter's finalisation would free
+    the memory of a compiled call the signal cut short while the kernel's worker threads may
+    still be in it, a segmentation fault instead of the exit status. Every file is written
+    atomically, so nothing is left half written."""
+    code = main(argv)
+    if code in (EXIT_INTERRUPT, EXIT_TERMINATED):
+        for f in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                f.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 # the options that size each command's programs, named when a program does not fit in memory
 _SIZES = {"train": "--batch-size", "train llama": "--ctx, --batch-size, --dim or --layers (or "
           "--recompute sqrt)", "finetune": "--ctx or --batch-size (or --recompute sqrt)",
