@@ -139,6 +139,8 @@ class _Forward:
         self.candidates = frozenset(fwd - kept)
         self.cuts = self._cuts()
         self._cache = {}
+        self._flops, self._segment_flops = {}, {}
+        self._rebuilt = {}      # plan -> ((expensive, flops), its graph) not yet measured
 
     def _cuts(self):
         """Forward values (not views) after which no earlier forward value is read again."""
@@ -198,14 +200,30 @@ class _Forward:
 
         return rebuild(g, recompute)[0], origin
 
+    def flops(self, i) -> int:
+        """flops() of node i of the graph, computed once (plans sum them many times over)."""
+        f = self._flops.get(i)
+        if f is None:
+            f = self._flops[i] = flops(self.g, self.g.nodes[i])
+        return f
+
+    def recomputation(self, plan) -> tuple:
+        """(expensive, flops) of `plan`'s clones and the graph it makes: a plan's cost but its
+        peak, which only `evaluate` measures (the pipeline's planning, the dear part)."""
+        key = frozenset(plan)
+        if key not in self._rebuilt:
+            out, origin = self.rebuild(key)
+            nodes = [self.g.nodes[i] for i in origin.values()]
+            self._rebuilt[key] = (any(expensive(n) for n in nodes),
+                                  sum(self.flops(n.id) for n in nodes)), out
+        return self._rebuilt[key]
+
     def evaluate(self, plan) -> "Cost":
         key = frozenset(plan)
         if key not in self._cache:
-            out, origin = self.rebuild(key)
-            nodes = [self.g.nodes[i] for i in origin.values()]
-            self._cache[key] = Cost(any(expensive(n) for n in nodes),
-                                    sum(flops(self.g, n) for n in nodes),
-                                    self.measure(out))
+            (dear, cost), out = self.recomputation(key)
+            self._cache[key] = Cost(dear, cost, self.measure(out))
+            self._rebuilt.pop(key)      # its graph is not needed again
         return self._cache[key]
 
     def _running_bytes(self):
@@ -221,7 +239,7 @@ class _Forward:
         costliest to recompute, e.g. a matmul's output); recompute the rest."""
         g, cuts = self.g, self.cuts
         total, at = self._running_bytes()
-        keep = {min(cuts, key=lambda c: (abs(at[c] - j * total / k), -flops(g, g.nodes[c])))
+        keep = {min(cuts, key=lambda c: (abs(at[c] - j * total / k), -self.flops(c)))
                 for j in range(1, k)} if cuts else set()
         return self.candidates - keep
 
@@ -238,7 +256,7 @@ class _Forward:
         size = {c: g.nodes[c].type.nbytes for c in cuts}
         inside = {c: at[c] - (size[c] if c in acts else 0) for c in cuts}   # bytes before c
         inside[None] = total
-        cost = {}
+        cost = self._segment_flops      # (b, c) -> FLOPs: the same for every k
 
         def recompute(b, c):
             """FLOPs of the clones the backward reads between cuts b and c (None: start, end)."""
@@ -248,7 +266,7 @@ class _Forward:
                 for i in sorted(need, reverse=True):
                     need.update(j for j in g.nodes[i].inputs
                                 if lo < j and j in self.candidates)
-                cost[b, c] = sum(flops(g, g.nodes[i]) for i in need)
+                cost[b, c] = sum(map(self.flops, need))
             return cost[b, c]
 
         def run(bound):
@@ -294,18 +312,42 @@ class _Forward:
         ks = {k - 1, k, k + 1, round(k / 2), round(1.5 * k), 2 * k}
         return sorted({max(1, min(x, len(self.cuts) + 1)) for x in ks})
 
+    def _first_fit(self, prefixes, budget) -> list:
+        """[the shortest of `prefixes` (each holding the one before it) whose peak is within
+        budget] or []: recomputing more never raises the peak, so a doubling search, then
+        bisection, finds it with a logarithmic number of measures."""
+        def fits(m):
+            return self.evaluate(prefixes[m]).peak <= budget
+        lo, hi = -1, 0              # lo: the last index known not to fit (-1: none)
+        while hi < len(prefixes) and not fits(hi):
+            lo, hi = hi, 2 * hi + 1
+        if hi >= len(prefixes):
+            if lo == len(prefixes) - 1 or not fits(len(prefixes) - 1):
+                return []
+            hi = len(prefixes) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        return [prefixes[hi]]
+
     def fit(self, budget, peak0):
         """The cheapest plan whose peak is within budget, or a ValueError naming the least."""
         g = self.g
         if peak0 <= budget:
             return frozenset()
         cheap = sorted((i for i in self.candidates if not expensive(g.nodes[i])),
-                       key=lambda i: (flops(g, g.nodes[i]) / max(g.nodes[i].type.nbytes, 1), i))
+                       key=lambda i: (self.flops(i) / max(g.nodes[i].type.nbytes, 1), i))
         prefixes = [frozenset(cheap[:m]) for m in range(1, len(cheap) + 1)]
-        fits = next(([p] for p in prefixes if self.evaluate(p).peak <= budget), [])
+        fits = self._first_fit(prefixes, budget)
         segments = [plan(k) for k in range(1, len(self.cuts) + 2)
                     for plan in (self.segments, self.balanced)]
-        fits += [p for p in segments if self.evaluate(p).peak <= budget]
+        # a plan costlier to recompute than a fitting one cannot be chosen: it is not measured
+        # (the measure plans the whole graph; a deep model has hundreds of candidates)
+        for p in sorted(set(map(frozenset, segments)), key=lambda p: (self.recomputation(p)[0], len(p))):
+            best = min(fits, key=self.evaluate) if fits else None
+            if best is None or self.recomputation(p)[0] <= tuple(self.evaluate(best))[:2]:
+                if self.evaluate(p).peak <= budget:
+                    fits.append(p)
         if fits:      # GEMMs and convolutions only when no plan without them fits
             return min(fits, key=self.evaluate)
         least = min(self.evaluate(p).peak for p in prefixes + segments)

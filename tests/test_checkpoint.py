@@ -276,3 +276,36 @@ def test_flop_estimates():
     assert flops(g, conv.node) == 2 * 2 * 4 * 8 * 8 * 3 * 3 * 3
     assert flops(g, e.node) == 35 and flops(g, r.node) == 35
     assert flops(g, mm.reshape(35).node) == 0
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.75, 0.6, 0.45])
+def test_a_budget_plan_is_the_cheapest_of_every_candidate_measured(fraction):
+    """The budget policy measures few candidates (a doubling search and bisection over the
+    cheap prefixes; segment plans only when they could cost less than a fit found): its plan
+    costs what the cheapest fitting plan costs when every candidate is measured, the
+    exhaustive oracle here, with fewer measures than candidates."""
+    g = trained(transformer(layers=4, batch=4, seq=16, d=32, dtype="f32"), optim.Adam())
+    peak0 = arena_peak(g)
+    budget = int(fraction * peak0)
+    calls = []
+
+    def counted(graph):
+        calls.append(1)
+        return arena_peak(graph)
+    fw = ckpt._Forward(g, "loss", counted)
+    cheap = sorted((i for i in fw.candidates if not ckpt.expensive(g.nodes[i])),
+                   key=lambda i: (fw.flops(i) / max(g.nodes[i].type.nbytes, 1), i))
+    prefixes = [frozenset(cheap[:m]) for m in range(1, len(cheap) + 1)]
+    segments = [frozenset(p(k)) for k in range(1, len(fw.cuts) + 2)
+                for p in (fw.segments, fw.balanced)]
+    oracle = ckpt._Forward(g, "loss", arena_peak)
+    first = next(([p] for p in prefixes if oracle.evaluate(p).peak <= budget), [])
+    fits = first + [p for p in segments if oracle.evaluate(p).peak <= budget]
+    if not fits:
+        with pytest.raises(ValueError, match="infeasible"):
+            fw.fit(budget, peak0)
+        return
+    chosen = fw.fit(budget, peak0)
+    assert oracle.evaluate(chosen).peak <= budget
+    assert oracle.evaluate(chosen)[:2] == min(map(oracle.evaluate, fits))[:2]
+    assert len(calls) < len(set(prefixes) | set(segments))
