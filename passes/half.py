@@ -27,9 +27,37 @@ def _touches_half(graph, n) -> bool:
                                  for p, i in enumerate(n.inputs))
 
 
+def leaf_casts_per_reader(graph):
+    """(graph, count): each cast of a half leaf (a bf16 master weight, bf16 moments) that
+    several nodes read becomes one cast per reader, as the casts below are made: each joins
+    its reader's kernel (a GEMM's prologue, an update's epilogue) instead of writing an f32
+    copy of the whole param that stays live from the forward to the backward. (Earlier passes
+    made one per leaf: common subexpressions are merged there.)"""
+    users = {}
+    for n in graph.nodes:
+        for i in dict.fromkeys(n.inputs):
+            users[i] = users.get(i, 0) + 1
+    shared = {n.id for n in graph.nodes if n.op == "cast" and users.get(n.id, 0) > 1 and
+              graph.nodes[n.inputs[0]].op in LEAF_OPS and graph.nodes[n.inputs[0]].type.is_half}
+    if not shared or any(i in shared for i in graph.outputs.values()):
+        return graph, 0
+    made = [0]
+
+    def rule(g, n, new):
+        if n.id in shared:
+            return new[n.inputs[0]]         # a placeholder: every reader casts for itself
+        mine = {i: g.emit("cast", (new[graph.nodes[i].inputs[0]],), dict(graph.nodes[i].attrs))
+                for i in dict.fromkeys(n.inputs) if i in shared}
+        made[0] += len(mine)
+        return copy_node(g, n, {**new, **mine})
+
+    return rebuild(graph, rule)[0], made[0]
+
+
 def compute_in_f32(graph):
     """(graph, Report): graph with its half-typed computing ops rewritten over f32."""
     count = {"ops": 0, "casts": 0}
+    graph, count["casts"] = leaf_casts_per_reader(graph)
     if not any(_touches_half(graph, n) for n in graph.nodes):
         return graph, Report("half", dict(count))
 
