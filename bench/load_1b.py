@@ -2,13 +2,14 @@
 stage at a time, in this process:
 
     JITGRAPH_CACHE_DIR=DIR python bench/load_1b.py generate /work/models/llama1b-q8_0.gguf
-    JITGRAPH_CACHE_DIR=DIR python bench/load_1b.py training
+    JITGRAPH_CACHE_DIR=DIR python bench/load_1b.py training [POLICY]
 
 generate: imports, read_llama, the Generator's compile (passes, code generation, kernel build:
 per program), the weights into the program, the rest of its construction, then the warm-up
 decode step and a second one. Needs the model's memory (~1.6 GB for Q8_0).
 training: the 1B full finetune's program (AdamW, ctx 512, bench/plan_finetune.py's graph)
-through the passes, code generation and kernel build, nothing allocated.
+through the passes, code generation and kernel build, nothing allocated; POLICY: its
+--recompute (e.g. budget:1500000000), whose plan search is the checkpoint pass's time.
 An empty JITGRAPH_CACHE_DIR measures a cold kernel cache. Prints the load average.
 """
 import os
@@ -56,7 +57,7 @@ def generate(path):
           f"{os.getloadavg()[0]:.1f}")
 
 
-def training():
+def training(policy=None):
     from jitgraph import optim
     from jitgraph.models.llama import LlamaConfig, llama_forward
     from jitgraph.passes.pipeline import Options, run_pipeline
@@ -67,7 +68,8 @@ def training():
                       tied=True)
     t = time.perf_counter()
     st = run_pipeline(llama_forward(cfg, 1, 512, labels=True),
-                      Options(loss="loss", optimizer=optim.AdamW(lr=1e-5), kinds=be.kinds))
+                      Options(loss="loss", optimizer=optim.AdamW(lr=1e-5), kinds=be.kinds,
+                              checkpoint=policy))
     passes = time.perf_counter() - t
     t = time.perf_counter()
     gen, _ = be.generate(st.kernels, st.memory)
@@ -85,7 +87,7 @@ def training():
 if __name__ == "__main__":
     if sys.argv[1:2] == ["generate"] and len(sys.argv) == 3:
         generate(sys.argv[2])
-    elif sys.argv[1:] == ["training"]:
-        training()
+    elif sys.argv[1:2] == ["training"] and len(sys.argv) <= 3:
+        training(*sys.argv[2:])
     else:
         sys.exit(__doc__)
