@@ -56,7 +56,7 @@ from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compi
                      apply_threads, check_model_file, check_outputs, compile_progress,
                      compile_target, f32_weights, float_in, int_at_least, loss_scale,
                      note_unsaved, restore_scale, resume_precision, say, scale_line, scale_meta,
-                     scale_summary, warn)
+                     scale_summary, stored_weights, warn)
 from .logs import add_log_option, open_log
 
 VAL_BATCHES = 20
@@ -899,9 +899,9 @@ def _bytes(n):
 
 
 def _trainable(prog) -> dict:
-    """The program's trainable params, name -> read-only view (what a checkpoint keeps; bf16
-    master weights as their f32 values, which --resume rounds back to the same bits)."""
-    return f32_weights(prog, prog.source.trainable_params())
+    """The program's trainable params, name -> read-only view, as stored (what a checkpoint
+    keeps: bf16 master weights as their bits, which --resume puts back bit for bit)."""
+    return stored_weights(prog, prog.source.trainable_params())
 
 
 def _views(values) -> dict:
@@ -1045,7 +1045,7 @@ def _train_llama(args, world):
         if not root:
             return
         if args.checkpoint:
-            save_llama_checkpoint(args.checkpoint, cfg, tok, f32_weights(prog),
+            save_llama_checkpoint(args.checkpoint, cfg, tok, stored_weights(prog),
                                   _views(prog.state),
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
