@@ -195,8 +195,7 @@ def test_train_llama_master_bf16(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_train_mnist_and_lora_finetune_master_bf16(tmp_path, capsys, testdata):
-    from jitgraph.models.text import read_corpus
+def test_train_mnist_and_lora_finetune_master_bf16(tmp_path, capsys, stories, corpus_file):
     small = ["--n-train", "704", "--batch-size", "64", "--epochs", "1", "--quiet", "--json"]
     assert cli.main(["train", "mnist-fc", *small]) == 0
     f = _last_json(capsys.readouterr().out)
@@ -211,9 +210,7 @@ def test_train_mnist_and_lora_finetune_master_bf16(tmp_path, capsys, testdata):
     assert cli.main(["eval", str(tmp_path / "m.gguf"), "--quiet", "--json"]) == 0
     e = _last_json(capsys.readouterr().out)
     assert e["test_acc"] == pytest.approx(r["test_acc"], abs=0.01)
-    text = tmp_path / "t.txt"
-    text.write_bytes(read_corpus()[:40_000])
-    ft = ["finetune", str(testdata.stories), "--text", str(text), "--lora-rank", "2",
+    ft = ["finetune", stories, "--text", corpus_file(40_000), "--lora-rank", "2",
           "--lora-targets", "q,k,v,o", "--lr", "1e-2", "--steps", "4", "--ctx", "32",
           "--batch-size", "2", "--eval-every", "1", "--no-ppl", "--quiet", "--json"]
     res = {}
