@@ -109,6 +109,10 @@ class ArrayMap(MutableMapping):
         half = _half_of(v.dtype)
         if half and a.dtype != v.dtype and a.shape == v.shape:
             a = _as_half(a, half, f"{self._what} {name}")
+        if half is None and v.dtype.kind == "f" and a.dtype == np.uint16:
+            # bf16 bits (a checkpoint's bf16 master weights): not numbers to convert
+            raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {_typestr(a)} "
+                             f"(bf16 bits; the program stores this value as {v.dtype})")
         if a.shape != v.shape or not np.can_cast(a.dtype, v.dtype, "same_kind"):
             raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {_typestr(a)}")
         np.copyto(v, a, casting="same_kind")

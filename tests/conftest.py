@@ -2,7 +2,8 @@
 user's ~/.cache/jitgraph) reused by every test of the run; every program the suite compiles has
 its memory plan verified (passes/memory_check.py); the data files the tests read come from
 tests/data (`testdata`), with llama.cpp's stories260K model and reference outputs read from there
-(`model`, `ref`)."""
+(`model`, `ref`), the model file as the command line takes it (`stories`); text files of the
+shipped corpus (`corpus_file`); a small classifier graph and its data (`mlp`, `mlp_data`)."""
 import json
 import os
 from dataclasses import dataclass
@@ -53,6 +54,28 @@ def testdata():
     return files
 
 
+@pytest.fixture(scope="session")
+def stories(testdata):
+    """llama.cpp's stories260K model file, as the command line takes it (a str)."""
+    return str(testdata.stories)
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory):
+    """corpus_file(n, end=b""): the path (a str) of a text file of the shipped corpus's first n
+    bytes followed by `end`, for the commands' --text; written once per run for each (n, end)."""
+    made = {}
+
+    def make(n, end=b""):
+        if (n, end) not in made:
+            from jitgraph.models.text import read_corpus
+            p = tmp_path_factory.mktemp("text") / "t.txt"
+            p.write_bytes(read_corpus()[:n] + end)
+            made[n, end] = str(p)
+        return made[n, end]
+    return make
+
+
 @pytest.fixture(scope="module")
 def model(testdata):
     """llama.cpp's stories260K (config, params, tokenizer), read once per module."""
@@ -65,3 +88,29 @@ def ref(testdata):
     """What llama.cpp computes for stories260K (tests/data/README.md describes the fields)."""
     with open(testdata.reference) as f:
         return json.load(f)
+
+
+# ---- a small classifier and its data (the mixed precision and bf16 master weight tests) -------
+@pytest.fixture
+def mlp():
+    """A fresh 2-layer MLP classifier: inputs x f32[64, 20] and y i32[64] (5 classes), params w1
+    and w2, output `loss`."""
+    import jitgraph as jg
+    n = 64
+    g = jg.Graph("mlp")
+    x, y = g.input("x", (n, 20)), g.input("y", (n,), "i32")
+    w1 = g.param("w1", (20, 48), init=jg.init.normal(0.0, 0.3))
+    w2 = g.param("w2", (48, 5), init=jg.init.normal(0.0, 0.3))
+    g.output(loss=jg.cross_entropy(jg.rms_norm(jg.relu(x @ w1)) @ w2, y))
+    return g
+
+
+@pytest.fixture
+def mlp_data():
+    """(x, y) for `mlp`: 64 normal samples labelled by a random linear map of their first 5
+    features (seed 7)."""
+    import numpy as np
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    y = (x[:, :5] @ rng.standard_normal((5, 5))).argmax(1).astype(np.int32)
+    return x, y

@@ -1,6 +1,8 @@
 """`jitgraph finetune` (jitgraph/cli/llama_train.py) on llama.cpp's stories260K: --full writes a
 model that loads, --lora-rank an adapter that read_adapter reads back; the LoRA program's loss
 at step 0 equals the base model's; the memory report; resume bit-exact; option errors."""
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -17,17 +19,8 @@ SMALL = ["--ctx", "32", "--batch-size", "2", "--eval-every", "1", "--ppl-chunks"
 
 
 @pytest.fixture(scope="module")
-def stories(testdata):
-    """llama.cpp's stories260K model file, as the command line takes it."""
-    return str(testdata.stories)
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    from jitgraph.models.text import read_corpus
-    p = tmp_path_factory.mktemp("text") / "t.txt"
-    p.write_bytes(read_corpus()[:40_000])
-    return str(p)
+def text(corpus_file):
+    return corpus_file(40_000)
 
 
 def _json(capsys):
@@ -44,27 +37,11 @@ def runs(stories, text, tmp_path_factory):
     full, ad, ck = d / "full.gguf", d / "ad.gguf", d / "ad.ckpt"
     res = []
     for how, out, extra in ((["--full"], full, []), (LORA, ad, ["--checkpoint", str(ck)])):
-        with _Stdout() as got:
+        with contextlib.redirect_stdout(io.StringIO()) as got:
             assert cli.main(["finetune", stories, "--text", text, *how, "--steps", "4", *SMALL,
                              "--out", str(out), *extra]) == 0
-        res.append(json.loads(got.text.strip().splitlines()[-1]))
+        res.append(json.loads(got.getvalue().strip().splitlines()[-1]))
     return {"full": full, "adapter": ad, "checkpoint": ck, "rf": res[0], "rl": res[1]}
-
-
-class _Stdout:
-    """Captures sys.stdout (capsys is function-scoped; the runs fixture is per module)."""
-
-    def __enter__(self):
-        import io
-        import sys
-        self.old, self.buf = sys.stdout, io.StringIO()
-        sys.stdout = self.buf
-        return self
-
-    def __exit__(self, *exc):
-        import sys
-        sys.stdout = self.old
-        self.text = self.buf.getvalue()
 
 
 @pytest.mark.slow

@@ -126,16 +126,8 @@ def test_sgd_step_is_ggmls():
 
 # ---- the command -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def stories(testdata):
-    return str(testdata.stories)
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    from jitgraph.models.text import read_corpus
-    p = tmp_path_factory.mktemp("text") / "t.txt"
-    p.write_bytes(read_corpus()[:3000] + b"\n")
-    return str(p)
+def text(corpus_file):
+    return corpus_file(3000, b"\n")      # llama.cpp's -f drops the last newline
 
 
 def _tokens(stories, text):

@@ -94,24 +94,8 @@ def test_master_bf16_sgd_matches_a_numpy_sgd_that_rounds_stochastically():
         np.testing.assert_array_equal(prog.params["w"], bits, err_msg=f"step {t}")
 
 
-def _mlp(n=64):
-    g = jg.Graph("mlp")
-    x, y = g.input("x", (n, 20)), g.input("y", (n,), "i32")
-    w1 = g.param("w1", (20, 48), init=jg.init.normal(0.0, 0.3))
-    w2 = g.param("w2", (48, 5), init=jg.init.normal(0.0, 0.3))
-    g.output(loss=jg.cross_entropy(jg.rms_norm(jg.relu(x @ w1)) @ w2, y))
-    return g
-
-
-def _data(seed=7, n=64):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 20)).astype(np.float32)
-    y = (x[:, :5] @ rng.standard_normal((5, 5))).argmax(1).astype(np.int32)
-    return x, y
-
-
-def test_master_bf16_trains_as_f32_with_half_the_param_bytes():
-    g, (x, y) = _mlp(), _data()
+def test_master_bf16_trains_as_f32_with_half_the_param_bytes(mlp, mlp_data):
+    g, (x, y) = mlp, mlp_data
     res = {}
     for master in ("f32", "bf16"):
         prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=0.01, master=master))
@@ -133,10 +117,10 @@ def test_master_bf16_trains_as_f32_with_half_the_param_bytes():
         jg.optim.SGD(lr=0.1, master="f16")
 
 
-def test_master_bf16_resumes_bit_for_bit():
+def test_master_bf16_resumes_bit_for_bit(mlp, mlp_data):
     """Three steps, params and state copied into a fresh program at call 3, three more: the
     bits of six unbroken steps (the rounding's randomness is (seed, step), nothing else)."""
-    g, (x, y) = _mlp(), _data()
+    g, (x, y) = mlp, mlp_data
     opt = jg.optim.AdamW(lr=0.01, master="bf16", seed=2, accumulate=2)
 
     def run(prog, calls):
@@ -158,3 +142,10 @@ def test_master_bf16_resumes_bit_for_bit():
     for k in a.state:
         np.testing.assert_array_equal(a.state[k], c.state[k], err_msg=k)
     assert not np.array_equal(a.params["w1"], b.params["w1"])
+    # bf16 bits (what a checkpoint gives back) are taken as bits, and only by a bf16 slot
+    c.params["w1"] = a.params["w1"].view(np.int16)
+    np.testing.assert_array_equal(c.params["w1"], a.params["w1"])
+    f32 = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=0.01))
+    with pytest.raises(jg.ShapeError, match=r"param w1: expected float32\[20,48\], got "
+                                            r"uint16\[20,48\] \(bf16 bits"):
+        f32.params["w1"] = a.params["w1"]

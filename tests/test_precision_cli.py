@@ -4,9 +4,12 @@ roundings and learn; the precision is in --json and in the checkpoint, and a res
 precision is refused before anything compiles; f16 through forced overflows: the steps are
 skipped and counted, the scale and count are printed, checkpointed and resumed bit for bit;
 `train mnist-fc --precision bf16`."""
+import contextlib
+import io
 import json
 import math
 
+import gguf
 import numpy as np
 import pytest
 
@@ -27,6 +30,29 @@ def _losses(res, key):
     return np.array([c[key] for c in res["curve"]])
 
 
+def _cut_and_resume(args, ck, capsys):
+    """`args` for 4 steps, checkpointed to `ck`, then `--resume ck` (no other option) to 8
+    steps: the resumed run's --json result."""
+    assert cli.main([*args, "--steps", "4", "--checkpoint", str(ck)]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "llama", "--resume", str(ck), "--steps", "8", "--quiet",
+                     "--checkpoint", str(ck), "--json"]) == 0
+    return _last_json(capsys.readouterr().out)
+
+
+def _same_checkpoints(a, b):
+    """The params and optimizer state of llama checkpoints `a` and `b` bit for bit; their
+    (state, meta) pairs."""
+    _, _, pa, sa, ma = llama_train.load_llama_checkpoint(a)
+    _, _, pb, sb, mb = llama_train.load_llama_checkpoint(b)
+    assert set(pa) == set(pb) and set(sa) == set(sb) and sa
+    for k in pa:
+        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    return (sa, ma), (sb, mb)
+
+
 @pytest.fixture(scope="module")
 def llama_runs(tmp_path_factory):
     """`train llama` TINY, 8 steps at a high learning rate, in f32, bf16 and f16 (its default
@@ -35,28 +61,12 @@ def llama_runs(tmp_path_factory):
     out = {}
     for p in ("f32", "bf16", "f16"):
         ck = d / f"{p}.ckpt"
-        with _Stdout() as got:
+        with contextlib.redirect_stdout(io.StringIO()) as got:
             assert cli.main(["train", "llama", *TINY, "--steps", "8", "--eval-every", "1",
                              "--lr", "3e-3", "--precision", p, "--checkpoint", str(ck),
                              "--json"]) == 0
-        out[p] = (_last_json(got.text), ck)
+        out[p] = (_last_json(got.getvalue()), ck)
     return out
-
-
-class _Stdout:
-    """Captures sys.stdout (capsys is function-scoped; the fixtures are per module)."""
-
-    def __enter__(self):
-        import io
-        import sys
-        self.old, self.buf = sys.stdout, io.StringIO()
-        sys.stdout = self.buf
-        return self
-
-    def __exit__(self, *exc):
-        import sys
-        sys.stdout = self.old
-        self.text = self.buf.getvalue()
 
 
 @pytest.mark.slow
@@ -105,37 +115,24 @@ def test_resume_without_precision_continues_in_the_checkpoints(llama_runs, tmp_p
     resumed run is bf16 and its params are bitwise the straight run's."""
     _, straight = llama_runs["bf16"]
     ck = tmp_path / "half.ckpt"
-    args = ["train", "llama", *TINY, "--eval-every", "1", "--lr", "3e-3"]
-    assert cli.main([*args, "--steps", "4", "--precision", "bf16", "--checkpoint", str(ck)]) == 0
-    capsys.readouterr()
-    assert cli.main(["train", "llama", "--resume", str(ck), "--steps", "8", "--quiet",
-                     "--checkpoint", str(ck), "--json"]) == 0
-    res = _last_json(capsys.readouterr().out)
+    args = ["train", "llama", *TINY, "--eval-every", "1", "--lr", "3e-3", "--precision", "bf16"]
+    res = _cut_and_resume(args, ck, capsys)
     assert res["precision"] == "bf16" and res["steps"] == 8
-    _, _, pa, sa, _ = llama_train.load_llama_checkpoint(straight)
-    _, _, pb, sb, _ = llama_train.load_llama_checkpoint(ck)
-    for k in pa:
-        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
-    for k in sa:
-        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    _same_checkpoints(straight, ck)
 
 
 @pytest.mark.slow
-def test_finetune_bf16_follows_f32(testdata, tmp_path):
+def test_finetune_bf16_follows_f32(stories, corpus_file, tmp_path, capsys):
     """A LoRA finetune of llama.cpp's stories260K, 4 steps, in f32 and bf16: the same losses
     within bf16 roundings, decreasing."""
-    from jitgraph.models.text import read_corpus
-    text = tmp_path / "t.txt"
-    text.write_bytes(read_corpus()[:40_000])
     res = {}
     for p in ("f32", "bf16"):
-        with _Stdout() as got:
-            assert cli.main(["finetune", str(testdata.stories), "--text", str(text),
-                             "--lora-rank", "2", "--lora-targets", "q,k,v,o", "--lr", "1e-2",
-                             "--steps", "4", "--ctx", "32", "--batch-size", "2",
-                             "--eval-every", "1", "--no-ppl", "--quiet", "--json",
-                             "--precision", p, "--out", str(tmp_path / f"{p}.gguf")]) == 0
-        res[p] = _last_json(got.text)
+        assert cli.main(["finetune", stories, "--text", corpus_file(40_000),
+                         "--lora-rank", "2", "--lora-targets", "q,k,v,o", "--lr", "1e-2",
+                         "--steps", "4", "--ctx", "32", "--batch-size", "2",
+                         "--eval-every", "1", "--no-ppl", "--quiet", "--json",
+                         "--precision", p, "--out", str(tmp_path / f"{p}.gguf")]) == 0
+        res[p] = _last_json(capsys.readouterr().out)
     assert res["bf16"]["precision"] == "bf16"
     for key in ("train", "val"):
         la, lb = _losses(res["f32"], key), _losses(res["bf16"], key)
@@ -163,20 +160,11 @@ def test_f16_overflows_are_skipped_counted_and_resumed_bit_exact(llama_runs, tmp
     val = _losses(res, "val")
     assert val[-1] < val[0] - 0.1
 
-    assert cli.main([*args, "--steps", "4", "--checkpoint", str(ck)]) == 0
-    capsys.readouterr()
-    assert cli.main(["train", "llama", "--resume", str(ck), "--steps", "8", "--quiet",
-                     "--checkpoint", str(ck), "--json"]) == 0
-    again = _last_json(capsys.readouterr().out)
+    again = _cut_and_resume(args, ck, capsys)
     assert (again["skipped_steps"], again["loss_scale"]) == (n, scale)
-    _, _, pa, sa, ma = llama_train.load_llama_checkpoint(straight)
-    _, _, pb, sb, mb = llama_train.load_llama_checkpoint(ck)
+    (_, ma), (_, mb) = _same_checkpoints(straight, ck)
     assert ma["scaler"] == mb["scaler"] and ma["skipped"] == mb["skipped"] == n
     assert ma["calls"] == mb["calls"] == 8
-    for k in pa:
-        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
-    for k in sa:
-        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
 
 
 @pytest.mark.slow
@@ -214,17 +202,13 @@ def test_train_llama_bf16_moments(llama_runs, tmp_path, capsys, testdata):
         la, lb = _losses(a, key), _losses(b, key)
         assert not np.array_equal(la, lb)
         np.testing.assert_allclose(lb, la, rtol=8 * EPS["bf16"], atol=0, err_msg=key)
-    assert cli.main([*args, "--steps", "4", "--checkpoint", str(ck)]) == 0
-    assert cli.main(["train", "llama", "--resume", str(ck), "--steps", "8", "--quiet",
-                     "--checkpoint", str(ck)]) == 0
-    _, _, pa, sa, _ = llama_train.load_llama_checkpoint(straight)
-    _, _, pb, sb, _ = llama_train.load_llama_checkpoint(ck)
+    _cut_and_resume(args, ck, capsys)
+    (sa, _), _ = _same_checkpoints(straight, ck)
     assert all(v.dtype.itemsize == 2 for v in sa.values())
-    for k in pa:
-        np.testing.assert_array_equal(pa[k], pb[k], err_msg=k)
-    for k in sa:
-        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
-    capsys.readouterr()
+    moments = {"state." + k for k in sa if k.startswith(("opt/m/", "opt/v/"))}
+    assert moments and all(sa[k[6:]].dtype == np.uint16 for k in moments)   # bf16 bits
+    assert moments <= {t.name for t in gguf.GGUFReader(ck).tensors
+                       if t.tensor_type == gguf.GGMLQuantizationType.BF16}
     with pytest.raises(SystemExit):
         cli.main(["finetune", str(testdata.stories), "--full", "--optimizer", "sgd",
                   "--moments", "bf16", "--out", str(tmp_path / "o.gguf")])

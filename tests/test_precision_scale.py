@@ -11,22 +11,6 @@ from jitgraph.optim import LOSS_SCALE, LossScale, Scaler
 EPS = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}
 
 
-def _mlp(n=64):
-    g = jg.Graph("mlp")
-    x, y = g.input("x", (n, 20)), g.input("y", (n,), "i32")
-    w1 = g.param("w1", (20, 48), init=jg.init.normal(0.0, 0.3))
-    w2 = g.param("w2", (48, 5), init=jg.init.normal(0.0, 0.3))
-    g.output(loss=jg.cross_entropy(jg.rms_norm(jg.relu(x @ w1)) @ w2, y))
-    return g
-
-
-def _data(seed=7, n=64):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 20)).astype(np.float32)
-    y = (x[:, :5] @ rng.standard_normal((5, 5))).argmax(1).astype(np.int32)
-    return x, y
-
-
 def _snapshot(prog):
     return {**{k: prog.params[k] for k in prog.params}, **{k: prog.state[k] for k in prog.state}}
 
@@ -52,10 +36,10 @@ def test_scaler_follows_gradscaler_rules():
         LossScale(interval=0)
 
 
-def test_power_of_two_scale_changes_no_f32_bit():
+def test_power_of_two_scale_changes_no_f32_bit(mlp, mlp_data):
     """In f32 a scale of 2**k multiplies every gradient exactly and 1/S undoes it exactly: the
     params after a few steps are bitwise those without scaling."""
-    g, (x, y) = _mlp(), _data()
+    g, (x, y) = mlp, mlp_data
     runs = {}
     for ls in (False, LossScale(init=2.0 ** 12, interval=2)):
         prog = jg.compile(g, loss="loss", optimizer=jg.optim.Adam(lr=0.01), loss_scale=ls)
@@ -68,11 +52,11 @@ def test_power_of_two_scale_changes_no_f32_bit():
         np.testing.assert_array_equal(runs[True][1][k], v, err_msg=k)
 
 
-def test_f16_overflow_is_skipped_then_trains_as_f32():
+def test_f16_overflow_is_skipped_then_trains_as_f32(mlp, mlp_data):
     """precision="f16" with an initial scale so large that the f16 gradients overflow: each
     such step changes no param or moment bit, halves S and counts; then the steps apply, and
     the losses of the applied steps follow the f32 run's within f16 roundings."""
-    g, (x, y) = _mlp(), _data()
+    g, (x, y) = mlp, mlp_data
     prog = jg.compile(g, loss="loss", optimizer=jg.optim.Adam(lr=0.01), precision="f16",
                       loss_scale=LossScale(init=2.0 ** 24, interval=4))
     assert prog.check_finite == "skip" and prog.scaler.scale == 2.0 ** 24
@@ -108,8 +92,8 @@ def test_f16_overflow_is_skipped_then_trains_as_f32():
     np.testing.assert_allclose(applied, want, rtol=16 * EPS["f16"], atol=0)
 
 
-def test_f16_scaling_is_on_by_default_and_off_on_request():
-    g = _mlp()
+def test_f16_scaling_is_on_by_default_and_off_on_request(mlp):
+    g = mlp
     on = jg.compile(g, loss="loss", optimizer=jg.optim.SGD(lr=0.1), precision="f16")
     assert on.scaler is not None and on.scaler.scale == 2.0 ** 16
     assert "opt/loss_scale" in on.ir("autodiff") and "opt/loss_scale" in on.ir("optimizer")
@@ -127,8 +111,8 @@ def test_f16_scaling_is_on_by_default_and_off_on_request():
         jg.compile(g, loss="loss", optimizer=jg.optim.SGD(lr=0.1), check_finite="maybe")
 
 
-def test_skip_mode_counts_a_nan_batch_and_goes_on():
-    g, (x, y) = _mlp(), _data()
+def test_skip_mode_counts_a_nan_batch_and_goes_on(mlp, mlp_data):
+    g, (x, y) = mlp, mlp_data
     prog = jg.compile(g, loss="loss", optimizer=jg.optim.SGD(lr=0.1), check_finite="skip")
     prog.step(x=x, y=y)
     before = _snapshot(prog)
@@ -188,8 +172,8 @@ def test_bf16_moments_match_a_numpy_adamw_that_rounds_them():
     assert np.isclose(w, p_exact, rtol=1e-5, atol=1e-6).mean() < 0.5     # the rounding shows
 
 
-def test_bf16_moments_halve_the_state_and_train_as_f32():
-    g, (x, y) = _mlp(), _data()
+def test_bf16_moments_halve_the_state_and_train_as_f32(mlp, mlp_data):
+    g, (x, y) = mlp, mlp_data
     res = {}
     for md in ("f32", "bf16"):
         prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=0.01, moments=md))

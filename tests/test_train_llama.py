@@ -188,8 +188,9 @@ def test_accumulated_micro_batches_equal_one_large_batch():
 
 
 # ---- the command -------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_train_llama_learns_and_writes_a_model_that_reads_back(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def trainers(monkeypatch):
+    """The LMTrainers `train llama` makes while the test runs, in order."""
     made = []
 
     class Recording(llama_train.LMTrainer):
@@ -198,6 +199,11 @@ def test_train_llama_learns_and_writes_a_model_that_reads_back(tmp_path, capsys,
             made.append(self)
 
     monkeypatch.setattr(llama_train, "LMTrainer", Recording)
+    return made
+
+
+@pytest.mark.slow
+def test_train_llama_learns_and_writes_a_model_that_reads_back(tmp_path, capsys, trainers):
     out = tmp_path / "m.gguf"
     assert cli.main(["train", "llama", *TINY, "--steps", "40", "--eval-every", "10",
                      "--lr", "3e-3", "--out", str(out), "--json"]) == 0
@@ -212,7 +218,7 @@ def test_train_llama_learns_and_writes_a_model_that_reads_back(tmp_path, capsys,
     cfg, params, tok = read_llama(out)
     assert (cfg.dim, cfg.layers, cfg.heads, cfg.ctx, cfg.vocab) == (32, 1, 2, 16, 354)
     assert tok.tokens == byte_vocab().tokens
-    trainer = made[0]
+    trainer = trainers[0]
     for k, v in trainer.program.params.items():
         np.testing.assert_array_equal(params[k], v, err_msg=k)
     x, y = trainer.val.batch(trainer.val_starts[0])
@@ -225,21 +231,13 @@ def test_train_llama_learns_and_writes_a_model_that_reads_back(tmp_path, capsys,
     np.testing.assert_allclose(want, ref["logits"], rtol=1e-4, atol=1e-4)
 
 
-def test_val_batches_sets_the_validation_batches(tmp_path, capsys, monkeypatch):
+def test_val_batches_sets_the_validation_batches(tmp_path, capsys, trainers):
     """--val-batches N: each validation is the mean loss of N fixed held-out batches (the first
     N of the default 20: the same draw), checked against a fresh forward program."""
-    made = []
-
-    class Recording(llama_train.LMTrainer):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            made.append(self)
-
-    monkeypatch.setattr(llama_train, "LMTrainer", Recording)
     assert cli.main(["train", "llama", *TINY, "--steps", "2", "--val-batches", "3",
                      "--json"]) == 0
     res = _last_json(capsys)
-    trainer = made[0]
+    trainer = trainers[0]
     assert trainer.val_starts.shape == (3, 4)
     np.testing.assert_array_equal(trainer.val_starts,
                                   fixed_starts(trainer.val, 4, 20, 0)[:3])

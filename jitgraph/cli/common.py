@@ -222,7 +222,8 @@ def add_precision_flag(p):
                    help="the type the trainable weights are stored in (master weights): bf16 "
                         "halves their bytes; each update is computed in f32 and rounded to "
                         "bf16 stochastically (its randomness a hash of --seed and the step, so "
-                        "--resume stays bit-exact); files are written from their f32 values")
+                        "--resume stays bit-exact); checkpoints keep them as BF16 tensors (the "
+                        "bits), models and adapters (--out) follow --ftype")
     p.add_argument("--loss-scale", type=_loss_scale, default=None, metavar="S|off",
                    help="--precision f16: the dynamic loss scale's first value (halved at each "
                         "step whose gradients are not finite, which is skipped; doubled after "
@@ -378,12 +379,20 @@ def add_ftype(p, what: str) -> None:
                         f"q8_0 blocks are f16); default f32")
 
 
+def stored_weights(prog, names=None) -> dict:
+    """Program `prog`'s params `names` (default: all) as the checkpoint writers take them, name
+    -> read-only view of where each lives (not copied), in the type the program stores it in:
+    bf16 master weights as their bf16 bits (uint16), which checkpoints keep as BF16 tensors and
+    --resume puts back bit for bit."""
+    return {k: prog.params.view(k) for k in (prog.params if names is None else names)}
+
+
 def f32_weights(prog, names=None) -> dict:
-    """Program `prog`'s params `names` (default: all) as the model and adapter writers and the
-    checkpoints take them, name -> array: read-only views of where they live (not copied),
+    """Program `prog`'s params `names` (default: all) as the model and adapter writers take
+    them (they write --ftype), name -> array: read-only views of where they live (not copied),
     except bf16 master weights (f32 params of the source graph the program stores as bf16
-    bits) given as their f32 values: exact, and a bf16 file or a --resume rounds them back to
-    the same bits."""
+    bits) given as their f32 values: exact, and a bf16 file rounds them back to the same
+    bits."""
     import numpy as np
 
     from ..half import to_f32

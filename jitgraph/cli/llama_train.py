@@ -56,7 +56,7 @@ from .common import (EXIT_INTERRUPT, EXIT_TERMINATED, Run, Terminated, add_compi
                      apply_threads, check_model_file, check_outputs, compile_progress,
                      compile_target, f32_weights, float_in, int_at_least, loss_scale,
                      note_unsaved, restore_scale, resume_precision, say, scale_line, scale_meta,
-                     scale_summary, warn)
+                     scale_summary, stored_weights, warn)
 from .logs import add_log_option, open_log
 
 VAL_BATCHES = 20
@@ -378,16 +378,8 @@ class LMTrainer:
         self.evaluator.run(tokens=x, pos=self.pos, labels=y)
 
     def restore(self, params, state, meta):
-        # the trainable params (a LoRA checkpoint holds those alone: the frozen base weights
-        # come from --base, checked by its hash)
-        trainable = set(self.program.source.trainable_params())
-        for k, v in params.items():
-            if k in trainable:
-                self.program.params[k] = v
-        for k, v in state.items():
-            self.program.state[k] = v
-        self.program.calls, self.step = meta["calls"], meta["step"]
-        restore_scale(self.program, meta)
+        _restore_program(self.program, params, state, meta)
+        self.step = meta["step"]
         self.sampler.state = meta["rng"]
         self.window = [float(v) for v in meta.get("window", [])]
 
@@ -590,6 +582,20 @@ def _optimizer_line(args):
     return f"{name} lr {args.lr}"
 
 
+def _restore_program(program, params, state, meta) -> None:
+    """A checkpoint into `program`: its trainable params (a LoRA checkpoint holds those alone:
+    the frozen base weights come from --base, checked by its hash), as stored (bf16 master
+    weights bit for bit), the optimizer state, the call count and the loss scaling."""
+    trainable = set(program.source.trainable_params())
+    for k, v in params.items():
+        if k in trainable:
+            program.params[k] = v
+    for k, v in state.items():
+        program.state[k] = v
+    program.calls = meta["calls"]
+    restore_scale(program, meta)
+
+
 class _Timed:
     """A program whose training steps are timed (`seconds`: their sum), for tokens/s."""
 
@@ -603,24 +609,17 @@ class _Timed:
         self.seconds += self.last
         return out
 
-    def __getattr__(self, name):
+    # the program's counters a trainer or a resume sets: set on the program, not on the wrapper
+    _FORWARDED = frozenset(("calls", "skipped"))
+
+    def __getattr__(self, name):        # all but step and the timings: the program's
         return getattr(self._p, name)
 
-    @property
-    def calls(self):
-        return self._p.calls
-
-    @calls.setter
-    def calls(self, v):
-        self._p.calls = v
-
-    @property
-    def skipped(self):
-        return self._p.skipped
-
-    @skipped.setter
-    def skipped(self, v):
-        self._p.skipped = v
+    def __setattr__(self, name, value):
+        if name in self._FORWARDED:
+            setattr(self._p, name, value)
+        else:
+            object.__setattr__(self, name, value)
 
 
 def _epoch_trainer(args, prog, windows, n_train):
@@ -641,14 +640,7 @@ def _epoch_trainer(args, prog, windows, n_train):
                                 "ncorrect": self.partial.ncorrect}}
 
         def restore(self, params, state, meta):
-            trainable = set(self.program.source.trainable_params())
-            for k, v in params.items():
-                if k in trainable:
-                    self.program.params[k] = v
-            for k, v in state.items():
-                self.program.state[k] = v
-            self.program.calls = meta["calls"]
-            restore_scale(self.program, meta)
+            _restore_program(self.program, params, state, meta)
             self.epoch, self.batch = meta["epoch"], meta["batch"]
             part = meta["partial"]
             self.partial.losses = [float(v) for v in part["losses"]]
@@ -899,9 +891,9 @@ def _bytes(n):
 
 
 def _trainable(prog) -> dict:
-    """The program's trainable params, name -> read-only view (what a checkpoint keeps; bf16
-    master weights as their f32 values, which --resume rounds back to the same bits)."""
-    return f32_weights(prog, prog.source.trainable_params())
+    """The program's trainable params, name -> read-only view, as stored (what a checkpoint
+    keeps: bf16 master weights as their bits, which --resume puts back bit for bit)."""
+    return stored_weights(prog, prog.source.trainable_params())
 
 
 def _views(values) -> dict:
@@ -1045,7 +1037,7 @@ def _train_llama(args, world):
         if not root:
             return
         if args.checkpoint:
-            save_llama_checkpoint(args.checkpoint, cfg, tok, f32_weights(prog),
+            save_llama_checkpoint(args.checkpoint, cfg, tok, stored_weights(prog),
                                   _views(prog.state),
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"

@@ -11,7 +11,7 @@ import time
 from .common import (Run, Terminated, adopt_resumed, check_model_file, check_outputs,
                      compile_progress, compile_target, f32_weights, int_at_least, loss_scale,
                      note_unsaved, restore_scale, resume_precision, say, scale_line, scale_meta,
-                     scale_summary, warn)
+                     scale_summary, stored_weights, warn)
 from .logs import StepLog, log_result, open_log
 
 
@@ -182,7 +182,7 @@ def _train_ranks(args, world):
                             "calls": prog.calls, "epoch": trainer.epoch,
                             "rng": trainer.rng.bit_generator.state,
                             "order": trainer.order.tolist(), **scale_meta(prog)}
-                save_checkpoint(args.checkpoint, args.model, f32_weights(prog),
+                save_checkpoint(args.checkpoint, args.model, stored_weights(prog),
                                 dict(prog.state), meta_out, data=_data_kind(args))
                 Run.checkpoint, Run.epoch = args.checkpoint, trainer.epoch
     except (KeyboardInterrupt, Terminated):

@@ -5,7 +5,10 @@ A model file has `general.architecture` (a key of jitgraph.models.MODELS) and on
 param under ggml's name and dimension order (the model's GGMLTensor table converts). A checkpoint is
 a model file plus the optimizer state as tensors `state.<name>` (jitgraph layout, any dtype gguf
 stores) and a JSON object under `jitgraph.checkpoint` (step counter, RNG state, ...), so
-load_model (and ggml) can read a checkpoint too. Writes are atomic. Loading checks every count and
+load_model (and ggml) can read a checkpoint too. A checkpoint keeps every value in the type the
+program stores it in: bf16 values (bf16 master weights, bf16 moments: uint16 bits) are BF16
+tensors holding those bits, which load_checkpoint gives back as uint16 bits and load_model as
+their f32 values (exact). Writes are atomic. Loading checks every count and
 size in the header against the file's length before it allocates anything; a malformed, truncated
 or mismatched file raises jitgraph.ModelFormatError (a ValueError) naming the file.
 """
@@ -40,38 +43,40 @@ def _spec(arch, path):
 
 
 def save_model(path, arch: str, params: dict, data: str | None = None) -> None:
-    """Write `params` (jitgraph layout, by param name) as ggml's `arch` model; `data` (e.g.
-    "mnist" or "synthetic") records what it was trained on, under DATA_KEY."""
+    """Write `params` (jitgraph layout, by param name) as ggml's `arch` model, F32 tensors;
+    `data` (e.g. "mnist" or "synthetic") records what it was trained on, under DATA_KEY."""
     _write(path, arch, _spec(arch, path).to_ggml(params), _data_strings(data))
 
 
 def load_model(path, arch: str | None = None) -> tuple[str, dict]:
-    """(arch, params in jitgraph layout) from a model or checkpoint file; `arch`, if given, must
-    match the file's."""
+    """(arch, f32 params in jitgraph layout) from a model or checkpoint file (a checkpoint's
+    bf16 weights as their f32 values); `arch`, if given, must match the file's."""
     arch, params, _, _ = _load(path, arch)
-    return arch, params
+    return arch, {k: bf16_values(v) for k, v in params.items()}
 
 
 def save_checkpoint(path, arch: str, params: dict, state: dict, meta: dict,
                     data: str | None = None) -> None:
-    """Params (as save_model), optimizer `state` arrays (stored as they are; bf16 state, uint16
-    bits, as int16, which the program's state takes back as bits) and a JSON-able `meta`
-    dict (e.g. {"step": 12, "rng": generator.bit_generator.state}); `data` as in save_model."""
-    tensors = _spec(arch, path).to_ggml(params)
+    """Params (as save_model, but bf16 ones, uint16 bits, as BF16 tensors of those bits),
+    optimizer `state` arrays (stored as they are; bf16 state, uint16 bits, as BF16 tensors) and
+    a JSON-able `meta` dict (e.g. {"step": 12, "rng": generator.bit_generator.state}); `data`
+    as in save_model."""
+    tensors = _spec(arch, path).to_ggml(params, keep_bf16=True)
     for k, v in state.items():
         v = np.asarray(v)
-        if v.dtype == np.uint16:        # bf16 state (AdamW moments="bf16"): its bits, as I16
-            v = v.view(np.int16)
-        if v.dtype.type not in _STATE_DTYPES:
+        if v.dtype.type not in _STATE_DTYPES and v.dtype != np.uint16:
             raise ValueError(f"{path}: state {k} has dtype {v.dtype}; GGUF stores "
-                             f"{', '.join(np.dtype(t).name for t in _STATE_DTYPES)}")
+                             f"{', '.join(np.dtype(t).name for t in _STATE_DTYPES)} and "
+                             f"uint16 (bf16 bits)")
         tensors[STATE_PREFIX + k] = v
     _write(path, arch, tensors, {**_data_strings(data),
                                  CHECKPOINT_KEY: json.dumps(meta, default=_numpy_scalar)})
 
 
 def load_checkpoint(path, arch: str | None = None) -> tuple[str, dict, dict, dict]:
-    """(arch, params, state, meta) as given to save_checkpoint."""
+    """(arch, params, state, meta) as given to save_checkpoint: BF16 tensors as uint16 bits,
+    which a program's bf16 slots take bit for bit (I16 state, as older checkpoints stored bf16
+    moments, the program's state takes back as bits too)."""
     arch, params, state, meta = _load(path, arch)
     if meta is None:
         raise ModelFormatError(f"{path}: a model file, not a training checkpoint (no "
@@ -84,6 +89,24 @@ def _numpy_scalar(o):
         return o.item()
     raise TypeError(f"checkpoint meta: {type(o).__name__} is not JSON-serialisable (store arrays "
                     f"in `state`)")
+
+
+def bf16_values(a):
+    """Array `a` as f32 values when it holds bf16 bits (uint16, as checkpoints give bf16 values
+    back), else `a`."""
+    from ..half import to_f32
+    return to_f32(a, "bf16") if a.dtype == np.uint16 else a
+
+
+def add_stored(writer, name, a) -> None:
+    """Add array `a` to a GGUFWriter as the type it holds: bf16 bits (uint16) as a BF16 tensor
+    of those bits, anything else as gguf stores its dtype."""
+    a = np.asarray(a, order="C")
+    if a.dtype == np.uint16:
+        writer.add_tensor(name, a.reshape(a.shape or (1,)).view(np.uint8),
+                          raw_dtype=gguf.GGMLQuantizationType.BF16)
+    else:
+        writer.add_tensor(name, a)
 
 
 # ---- files -------------------------------------------------------------------------------------
@@ -153,7 +176,7 @@ def _write(path, arch, tensors, strings):
         for k, v in strings.items():
             w.add_string(k, v)
         for name, a in tensors.items():
-            w.add_tensor(name, np.asarray(a, order="C"))
+            add_stored(w, name, a)
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -170,6 +193,8 @@ _NUMPY = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F
           gguf.GGMLQuantizationType.F64: np.float64, gguf.GGMLQuantizationType.I8: np.int8,
           gguf.GGMLQuantizationType.I16: np.int16, gguf.GGMLQuantizationType.I32: np.int32,
           gguf.GGMLQuantizationType.I64: np.int64}
+# types read as their bits (no numpy float type): BF16 as uint16, the array of a bf16 value
+_BITS = {gguf.GGMLQuantizationType.BF16: np.uint16}
 
 
 class _Cursor:
@@ -357,11 +382,13 @@ def _string(kv, key, path):
 
 
 def _tensor(f, path, order, name, ttype, dims, start, nbytes):
-    """A tensor's data as a native-order numpy array, shape = reversed ne (numpy order)."""
-    if ttype not in _NUMPY:
+    """A tensor's data as a native-order numpy array, shape = reversed ne (numpy order); BF16
+    as uint16 bits."""
+    kinds = {**_NUMPY, **_BITS}
+    if ttype not in kinds:
         raise ModelFormatError(f"{path}: tensor {name!r} is {ttype.name}; jitgraph reads "
-                               f"{', '.join(t.name for t in _NUMPY)}")
-    dtype = np.dtype(_NUMPY[ttype]).newbyteorder(order)
+                               f"{', '.join(t.name for t in kinds)}")
+    dtype = np.dtype(kinds[ttype]).newbyteorder(order)
     a = np.empty(nbytes // dtype.itemsize, dtype)
     f.seek(start)
     if f.readinto(memoryview(a).cast("B")) != nbytes:
@@ -447,9 +474,11 @@ def _load(path, want_arch):
     spec = _spec(arch, path)
     state = {k[len(STATE_PREFIX):]: a for k, (_, a) in tensors.items() if k.startswith(STATE_PREFIX)}
     weights = {k: a for k, (_, a) in tensors.items() if not k.startswith(STATE_PREFIX)}
-    bad = [k for k in weights if tensors[k][0] != gguf.GGMLQuantizationType.F32]
+    bad = [k for k in weights if tensors[k][0] not in (gguf.GGMLQuantizationType.F32,
+                                                        gguf.GGMLQuantizationType.BF16)]
     if bad:
-        raise ModelFormatError(f"{path}: tensors {bad} are not F32")
+        raise ModelFormatError(f"{path}: tensors {bad} are neither F32 nor BF16 (a checkpoint's "
+                               f"bf16 weights)")
     try:
         params = spec.from_ggml(weights)
     except ValueError as e:

@@ -46,22 +46,33 @@ class ModelSpec:
         g = self.build(1)
         return {k: g.nodes[i].type.shape for k, i in g.params.items()}
 
-    def _check(self, arrays: dict, shapes: dict, what: str):
+    def _check(self, arrays: dict, shapes: dict, what: str, bf16: bool = False):
+        """`arrays` are the model's `what` by name, each float of its shape (bf16: or bf16
+        bits, uint16)."""
         if set(arrays) != set(shapes):
             missing, extra = sorted(set(shapes) - set(arrays)), sorted(set(arrays) - set(shapes))
             raise ValueError(f"{self.name}: {what} do not match the model (missing {missing}, "
                              f"unexpected {extra})")
         for k, shape in shapes.items():
             a = np.asarray(arrays[k])
-            if a.shape != tuple(shape) or a.dtype.kind != "f":
+            if a.shape != tuple(shape) or not (a.dtype.kind == "f" or
+                                                (bf16 and a.dtype == np.uint16)):
                 raise ValueError(f"{self.name}: {what[:-1]} {k} is {a.dtype}{list(a.shape)}, "
-                                 f"expected float{list(shape)}")
+                                 f"expected float{list(shape)}"
+                                 f"{' or bf16 bits (uint16)' if bf16 else ''}")
 
-    def to_ggml(self, params: dict) -> dict:
-        """jitgraph param arrays -> f32 arrays in ggml's layout (numpy shape = reversed ne)."""
-        self._check(params, self.param_shapes, "params")
-        return {k: t.to_ggml(np.asarray(params[k], np.float32)) for k, t in self.ggml.items()}
+    def to_ggml(self, params: dict, keep_bf16: bool = False) -> dict:
+        """jitgraph param arrays -> f32 arrays in ggml's layout (numpy shape = reversed ne);
+        keep_bf16: bf16 ones (uint16 bits) stay bf16 bits (a checkpoint's bf16 master
+        weights)."""
+        self._check(params, self.param_shapes, "params", keep_bf16)
+
+        def values(a):
+            a = np.asarray(a)
+            return a if keep_bf16 and a.dtype == np.uint16 else np.asarray(a, np.float32)
+        return {k: t.to_ggml(values(params[k])) for k, t in self.ggml.items()}
 
     def from_ggml(self, tensors: dict) -> dict:
-        self._check(tensors, {k: t.ne[::-1] for k, t in self.ggml.items()}, "tensors")
+        """ggml-layout tensors (f32, or a checkpoint's bf16 bits) -> jitgraph param arrays."""
+        self._check(tensors, {k: t.ne[::-1] for k, t in self.ggml.items()}, "tensors", True)
         return {k: t.from_ggml(tensors[k], self.param_shapes[k]) for k, t in self.ggml.items()}
