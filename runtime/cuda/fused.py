@@ -28,6 +28,7 @@ from ..kernelgen import (NP_DTYPE, batch_index, collapse, feeding, matmul_operan
                          reduce_pattern, typed_literal)
 from .kernel import (ALIGN_WS, GemmSpec, Launch, Ref, Source, Unsupported, block_reduce,
                      copy_words, externals, offset_expr, prod, unravel)
+from .spelling import from_half
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -93,6 +94,10 @@ def _scalars(src, scal, vals, store=None):
                     if m in store]
 
 
+# the half type of an array a kernel reads (its numpy dtype name: f16 float16, bf16 its bits)
+HALF_OF = {"float16": "f16", "uint16": "bf16"}
+
+
 # ---- GEMM -------------------------------------------------------------------------------------
 def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) -> Launch:
     """C = op(A) @ op(B) by the tiled shared-memory kernel (the seam for cuBLASLt: a backend
@@ -113,8 +118,11 @@ def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) ->
         src.lines += ["b = cuda.blockIdx.z"] + batch_index("ba", ob, xb, ("j_", "r_")) + \
             batch_index("bb", ob, wb, ("j_", "r_"))
         pa, pb, pc = "ba, ", "bb, ", "b, "
-    at = f"{a}[{pa}kk, row]" if ta else f"{a}[{pa}row, kk]"
-    bt = f"{b}[{pb}col, kk]" if tb else f"{b}[{pb}kk, col]"
+    # a half operand (an f32 matmul's weight at its storage position: a frozen f16 / bf16
+    # weight) is read as float32 into the shared tile: the product is the f32 GEMM's
+    adt, bdt = HALF_OF.get(a_ref.dtype), HALF_OF.get(b_ref.dtype)
+    at = from_half(f"{a}[{pa}kk, row]" if ta else f"{a}[{pa}row, kk]", adt)
+    bt = from_half(f"{b}[{pb}col, kk]" if tb else f"{b}[{pb}kk, col]", bdt)
     src.lines += [
         f"sa = cuda.shared.array(({T}, {T}), {npd})", f"sb = cuda.shared.array(({T}, {T}), {npd})",
         "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
@@ -129,7 +137,8 @@ def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) ->
         "    cuda.syncthreads()", f"if row < {M} and col < {N}:", f"    {c}[{pc}row, col] = acc"]
     grid = (-(-N // T), -(-M // T)) + ((nb,) if batch is not None else ())
     ln = src.finish(grid, (T, T), note)
-    if ln.args == [a_ref, b_ref, c_ref]:        # (distinct operands: a library may run it)
+    if ln.args == [a_ref, b_ref, c_ref] and adt is None and bdt is None:
+        # distinct f32 operands: a library may run it (runtime/cuda/gemm.py)
         ln.gemm = GemmSpec(bool(ta), bool(tb), M, N, K, dtype, batch is not None)
     return ln
 

@@ -5,12 +5,13 @@ otherwise. Convolution and pooling: runtime/cuda/conv.py; attention: runtime/cud
 """
 from __future__ import annotations
 
+from jitgraph.ops.update import SR_K
 from jitgraph.plan import CALLER
 
 from ..kernelgen import NP_DTYPE, typed_literal
 from .kernel import (Source, block_reduce, copy_words, fill, fill_words, gather, prod, strides,
                      unravel, words, words_of)
-from .spelling import half
+from .spelling import from_half, half
 
 
 def count_equal(ctx, n, note="") -> list:
@@ -57,9 +58,12 @@ def get_rows(ctx, n, note="") -> list:
     table, idx = (ctx.g.nodes[i] for i in n.inputs)
     E = prod(table.type.shape[1:])
 
+    # a half table read into f32 rows (its storage position: a frozen f16 / bf16 embedding)
+    conv = table.type.dtype if table.type.is_half and not n.type.is_half else None
+
     def lines(src):
         t, ix = src.arg(ctx.ref(table.id)), src.arg(ctx.ref(idx.id))
-        return [f"val = {t}[{ix}[i // {E}] * {E} + i % {E}]"]
+        return [f"val = {from_half(f'{t}[{ix}[i // {E}] * {E} + i % {E}]', conv)}"]
     return gather(ctx, n, lines, note)
 
 
@@ -219,3 +223,18 @@ def set_rows(ctx, n, note="") -> list:
                       f"        {o}[(u * {N} + k) * {inner} + e % {inner}] = {v}", "    e += st"]
         launches.append(src.finish((ctx.blocks(total),), (ctx.tpb,), note))
     return launches
+
+
+# ---- bf16 master weights: sround_bf16 ----------------------------------------------------------
+def sround_bf16(ctx, n, note="") -> list:
+    """sround_bf16(x, step): one thread per element, the bf16 bits of x[i] rounded
+    stochastically with the random bits of flat element i (runtime/cuda/halfconv.py
+    sround_bits: the integers of the reference and of the CPU's lib_round.py)."""
+    x, step = n.inputs
+    K0, K1, _ = SR_K
+    base = (n.attr["seed"] % 2 ** 64 * K0 + n.attr["salt"] % 2 ** 64 * K1) % 2 ** 64
+
+    def lines(src):
+        a, s = src.arg(ctx.ref(x)), src.arg(ctx.ref(step, (1,)))
+        return [f"val = halfconv.sround_bits({a}[i], {s}[0], np.uint64({base}), i)"]
+    return gather(ctx, n, lines, note)
