@@ -284,5 +284,22 @@ def test_half_kernels_assemble_for_sm90(tmp_path):
         ptx = "\n".join(gen.ptx.values())
         if title in ("casts", "half_ops_f16", "mlp_f16"):
             assert "cvt.rn.f16.f32" in ptx, title
-        if title in ("casts", "half_ops_bf16", "mlp_bf16"):
-            assert "mov.b32" in ptx, title      # the float's bits (libdevice float_as_int)
+        if title in ("half_ops_bf16", "mlp_bf16"):          # integer arithmetic on the bits
+            assert "cvt.rn.f16" not in ptx and ".bf16" not in ptx, title
+
+
+@pytest.mark.skipif(SIM, reason="no device needed: the main run")
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_half_gemms_name_their_half_operands_for_the_library_hook(precision):
+    """precision="bf16" / "f16": every GEMM launch a library may run names the half values its
+    prologue converted (GemmSpec.half, what runtime/cuda/gemm.py half_operands would read), and
+    the hook declines (None): the f32 path runs."""
+    from jitgraph.runtime.cuda import gemm
+    gen = _ptx().generated(mlp(), loss="loss", optimizer=jg.optim.SGD(lr=0.1),
+                           precision=precision)
+    specs = [ln.gemm for ln in gen.launches if ln.gemm is not None]
+    assert len(specs) >= 3              # forward and backward GEMMs
+    assert all(s.half is not None and s.half[0] == precision for s in specs)
+    assert gemm.half_operands(specs[0], None) is None
+    f32 = _ptx().generated(mlp(), loss="loss", optimizer=jg.optim.SGD(lr=0.1))
+    assert all(ln.gemm.half is None for ln in f32.launches if ln.gemm is not None)

@@ -167,6 +167,10 @@ class Driver:
         """A library call in place of GEMM launch `ln` (runtime/cuda/gemm.py), or None."""
         if self.gemm_library != "nvmath" or ln.gemm is None or ln.gemm.batched:
             return None
+        if ln.gemm.half is not None:     # the hook for half operands: None today (f32 path)
+            half = gemm.half_operands(ln.gemm, self.stream)
+            if half is not None:
+                return half
         return gemm.NvmathGemm(ln.gemm, self.stream)
 
     def _device(self, region, offset, nbytes, dtype, shape):

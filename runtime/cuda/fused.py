@@ -19,6 +19,8 @@ Which writer runs a kernel, and with what parameters, is the anchoring op's rule
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from jitgraph.plan import rows_flags
@@ -144,6 +146,16 @@ def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) ->
 
 
 def matmul_node(ctx, n, note="") -> list:
+    """Matmul n's GEMM launch, its GemmSpec naming half operands where it has them."""
+    launches = _matmul_launches(ctx, n, note)
+    half = _half_operands(ctx.g, n)
+    for ln in launches:
+        if half is not None and ln.gemm is not None:
+            ln.gemm = replace(ln.gemm, half=half)
+    return launches
+
+
+def _matmul_launches(ctx, n, note):
     if n.type.size == 0:
         return []
     x, w = (ctx.g.nodes[i] for i in n.inputs)
@@ -198,6 +210,22 @@ def gemm_kernel(ctx, kernel, note) -> list:
                                    note + " product"))
     ctx.place = saved
     return launches
+
+
+def _half_operands(g, n):
+    """(half dtype, A's node, B's node) when both of matmul n's f32 operands are casts of
+    values of one half type (passes/half.py's GEMM over half operands: f32 arrays holding half
+    values exactly, converted in the fused prologue or by the kernel that computed them), else
+    None."""
+    src = []
+    for i in n.inputs:
+        c = g.nodes[i]
+        if c.op != "cast" or c.type.dtype != "f32":
+            return None
+        src.append(g.nodes[c.inputs[0]])
+    if not src[0].type.is_half or src[0].type.dtype != src[1].type.dtype:
+        return None
+    return src[0].type.dtype, src[0].id, src[1].id
 
 
 def _overlap(a: Ref, b: Ref) -> bool:

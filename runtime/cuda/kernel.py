@@ -65,6 +65,10 @@ class GemmSpec:
     K: int
     dtype: str
     batched: bool
+    # (half dtype, A's node, B's node) where both f32 operands are casts of values of one half
+    # type (they hold half values exactly): what a library GEMM over half operands would read
+    # (runtime/cuda/gemm.py half_operands, a hook only)
+    half: tuple | None = None
 
 
 @dataclass
