@@ -30,7 +30,7 @@ from ..kernelgen import (NP_DTYPE, batch_index, collapse, feeding, matmul_operan
                          reduce_pattern, typed_literal)
 from .kernel import (ALIGN_WS, GemmSpec, Launch, Ref, Source, Unsupported, block_reduce,
                      copy_words, externals, offset_expr, prod, unravel)
-from .spelling import from_half
+from .spelling import from_half, is_conversion
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def _half_operands(g, n):
     src = []
     for i in n.inputs:
         c = g.nodes[i]
-        if c.op != "cast" or c.type.dtype != "f32":
+        if not c.inputs or not is_conversion(c.op) or c.type.dtype != "f32":
             return None
         src.append(g.nodes[c.inputs[0]])
     if not src[0].type.is_half or src[0].type.dtype != src[1].type.dtype:

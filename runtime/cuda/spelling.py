@@ -34,6 +34,13 @@ def from_half(expr, dt) -> str:
     return FROM_HALF[dt].format(expr) if dt in FROM_HALF else expr
 
 
+def is_conversion(op) -> bool:
+    """Whether op is an elementwise conversion between float types (cast: OpDef.half
+    "convert")."""
+    d = get_op(op)
+    return d.half == "convert" and d.kind == "elementwise"
+
+
 def expr(op, dtype=None, sources=()) -> str | None:
     """Op's scalar expression template in `dtype` over operands of dtypes `sources` as this
     backend spells it (None: it has none): EXPR's or the op's portable OpDef.expr; with a half
@@ -41,7 +48,7 @@ def expr(op, dtype=None, sources=()) -> str | None:
     float32."""
     d = get_op(op)
     if dtype in TO_HALF or any(s in FROM_HALF for s in sources):
-        if d.half != "convert" or d.kind != "elementwise":
+        if not is_conversion(op):
             raise NotImplementedError(
                 f"target cuda: {op} over {', '.join(sources) or '()'} -> {dtype}: the CUDA "
                 f"backend computes half types only by conversion (cast; passes/half.py "
