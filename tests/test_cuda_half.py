@@ -154,6 +154,28 @@ def test_half_elementwise_row_and_reduction_ops_match_the_interpreter(dt):
     assert same >= 0.9 * total, f"{same} of {total} equal"
 
 
+@sim_only
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_half_data_movement_matches_the_interpreter_bit_for_bit(dt):
+    """Ops that move half values (permute, concat, slice, slice_back's zeros, causal_mask's and
+    pad's fill values, odd byte counts) and get_rows reading a half table as f32 rows."""
+    g = Graph(f"moves_{dt}")
+    a, m = g.input("a", (3, 2, 5), dt), g.input("m", (2, 3, 5, 5), dt)
+    i = g.input("i", (4,), "i32")
+    g.output(sb=apply("slice_back", a, shape=(4, 2, 5),
+                      slices=((3, 0, -1), (0, 2, 1), (0, 5, 1))),
+             p=ops.permute(a, (2, 0, 1)), c=ops.concat([a, a], axis=1),
+             s=ops.slice(a, (0, 3), (1, None), (None, None, 2)), cm=ops.causal_mask(m),
+             pd=ops.pad(a, [(1, 0), (0, 1), (0, 0)], value=-1.5),
+             gr=ops.get_rows(ops.reshape(a, (3, 10)), i))
+    feed = _feed_half(g, dt, 2)
+    feed["i"] = np.array([0, 2, 1, 2], np.int32)
+    got = jg.compile(g, target="cuda").step(**feed)
+    for k, r in interp(g, feed).items():
+        assert got[k].dtype == g.nodes[g.outputs[k]].type.np_dtype, k
+        np.testing.assert_array_equal(bits(got[k]), bits(np.asarray(r, got[k].dtype)), err_msg=k)
+
+
 def mlp(B=8, D=12, H=16, C=5):
     g = Graph("mlp_half")
     x = g.input("x", (B, D))

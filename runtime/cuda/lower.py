@@ -9,9 +9,14 @@ from jitgraph.ops.update import SR_K
 from jitgraph.plan import CALLER
 
 from ..kernelgen import NP_DTYPE, typed_literal
-from .kernel import (Source, block_reduce, copy_words, fill, fill_words, gather, prod, strides,
-                     unravel, words, words_of)
+from .kernel import (Source, block_reduce, copy_words, fill, fill_words, gather, half_literal,
+                     prod, strides, unravel, words, words_of)
 from .spelling import from_half, half
+
+
+def value_literal(v, dtype) -> str:
+    """A literal of `dtype` as a kernel stores it (a half value: rounded, as a load gives it)."""
+    return half_literal(v, dtype) if dtype in ("f16", "bf16") else typed_literal(v, dtype)
 
 
 def count_equal(ctx, n, note="") -> list:
@@ -45,7 +50,7 @@ def permute(ctx, n, note="") -> list:
 def causal_mask(ctx, n, note="") -> list:
     x = ctx.g.nodes[n.inputs[0]]
     rows, cols = n.type.shape[-2:]
-    val = typed_literal(float(n.attr["value"]), n.type.dtype)
+    val = value_literal(float(n.attr["value"]), n.type.dtype)
 
     def lines(src):
         a = src.arg(ctx.ref(x.id))
@@ -159,7 +164,7 @@ def slice_back(ctx, n, note="") -> list:
     gg = ctx.g.nodes[n.inputs[0]]
     sl, gs = n.attr["slices"], gg.type.shape
     ost = strides(n.type.shape)
-    launches = [fill(ctx, n, typed_literal(0.0 if n.type.is_float else 0, n.type.dtype),
+    launches = [fill(ctx, n, value_literal(0.0 if n.type.is_float else 0, n.type.dtype),
                      note + " zero")] if n.type.size else []
     total = gg.type.size
     if total:
@@ -179,7 +184,7 @@ def pad(ctx, n, note="") -> list:
     x = ctx.g.nodes[n.inputs[0]]
     pads, xs, os_ = n.attr["pads"], x.type.shape, n.type.shape
     xst = strides(xs)
-    val = typed_literal(float(n.attr["value"]) if n.type.is_float else int(n.attr["value"]),
+    val = value_literal(float(n.attr["value"]) if n.type.is_float else int(n.attr["value"]),
                         n.type.dtype)
 
     def lines(src):
