@@ -223,6 +223,31 @@ def test_mixed_precision_mlp_steps_match_the_cpu_target(precision):
 
 
 @sim_only
+def test_bf16_llama_step_with_bf16_master_and_moments_matches_the_cpu_target():
+    """A 1-layer llama (tests/test_cuda_sim.py llama_graph: get_rows, rope, batched attention
+    GEMMs, softmax and their backward) with precision="bf16", bf16 master weights and bf16
+    moments: a step's loss and the bf16 params as the CPU target's, within bf16's rounding
+    (the GEMMs sum in other orders; a weight's stochastic rounding may then go the other way:
+    one bf16 step)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cuda_sim import llama_graph
+    opt = dict(loss="loss", precision="bf16",
+               optimizer=jg.optim.AdamW(lr=1e-2, master="bf16", moments="bf16"))
+    cpu, gpu = jg.compile(llama_graph(), **opt), jg.compile(llama_graph(), target="cuda", **opt)
+    rng = np.random.default_rng(4)
+    pos = np.arange(4, dtype=np.int32)
+    for s in range(1):      # one step: the simulator takes minutes over a llama step
+        tok, lab = (rng.integers(0, 11, (2, 4)).astype(np.int32) for _ in range(2))
+        lc = float(cpu.step(tokens=tok, pos=pos, labels=lab)["loss"])
+        lg = float(gpu.step(tokens=tok, pos=pos, labels=lab)["loss"])
+        np.testing.assert_allclose(lg, lc, rtol=4 * EPS["bf16"], err_msg=f"step {s}")
+    for k in cpu.params:
+        c, d = (to_f32(v, "bf16") if v.dtype == np.uint16 else v
+                for v in (cpu.params[k], gpu.params[k]))
+        np.testing.assert_allclose(d, c, rtol=2 * 2 * EPS["bf16"], atol=1e-3, err_msg=k)
+
+
+@sim_only
 def test_sround_bf16_matches_its_reference_bit_for_bit():
     x = special_values()
     x = np.concatenate([x, np.random.default_rng(4).standard_normal(40).astype(np.float32)])
@@ -297,6 +322,9 @@ def test_half_kernels_assemble_for_sm90(tmp_path):
         progs.append((f"mlp_{prec}", mlp(64, 64, 128, 10),
                       dict(loss="loss", precision=prec,
                            optimizer=jg.optim.AdamW(lr=1e-3, master="bf16", moments="bf16"))))
+    progs.append(("llama_bf16", t.sim_graph("llama_graph"),
+                  dict(loss="loss", precision="bf16",
+                       optimizer=jg.optim.AdamW(lr=1e-3, master="bf16", moments="bf16"))))
     for title, graph, opts in progs:
         gen = t.generated(graph, **opts)
         res = t.compile_all(gen, tmp_path)
@@ -306,7 +334,7 @@ def test_half_kernels_assemble_for_sm90(tmp_path):
         ptx = "\n".join(gen.ptx.values())
         if title in ("casts", "half_ops_f16", "mlp_f16"):
             assert "cvt.rn.f16.f32" in ptx, title
-        if title in ("half_ops_bf16", "mlp_bf16"):          # integer arithmetic on the bits
+        if title in ("half_ops_bf16", "mlp_bf16", "llama_bf16"):          # integer arithmetic on the bits
             assert "cvt.rn.f16" not in ptx and ".bf16" not in ptx, title
 
 
