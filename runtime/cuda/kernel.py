@@ -320,6 +320,6 @@ def fill(ctx, n, value, note="") -> Launch:
 
 
 def words_of(ctx, node) -> Ref:
-    """Node's buffer as 32-bit words (copies)."""
+    """Node's buffer as 32-bit words, or 16-bit ones for an odd count of halves (copies)."""
     r = ctx.ref(node.id)
     return words(r.base, r.offset, node.type.nbytes)
