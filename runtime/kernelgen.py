@@ -34,15 +34,16 @@ def typed_literal(v, dtype) -> str:
     return f"np.float32({lit})" if dtype == "f32" and isinstance(v, float) else lit
 
 
-def scalar_expr(n, args, template) -> str:
+def scalar_expr(n, args, template, names=NP_DTYPE) -> str:
     """Node n's value from operand expressions `args` by its expression `template` (the op's
-    portable OpDef.expr or a backend's own spelling), cast to its dtype. Float literals are
-    typed as the dtype: a bare `1.0` is a float64 that promotes an f32 expression."""
+    portable OpDef.expr or a backend's own spelling), cast to its dtype (named as `names` says:
+    NP_DTYPE, or a backend's own). Float literals are typed as the dtype: a bare `1.0` is a
+    float64 that promotes an f32 expression."""
     dt = n.type.dtype
     if dt == "f32":
         template = FLOAT.sub(lambda m: f"np.float32({m.group(1)})", template)
     attrs = {a: typed_literal(v, dt) for a, v in n.attrs}
-    return f"{NP_DTYPE[dt]}({template.format(*args, **attrs)})"
+    return f"{names[dt]}({template.format(*args, **attrs)})"
 
 
 def prod(shape) -> int:

@@ -19,6 +19,8 @@ Which writer runs a kernel, and with what parameters, is the anchoring op's rule
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from jitgraph.plan import rows_flags
@@ -28,6 +30,7 @@ from ..kernelgen import (NP_DTYPE, batch_index, collapse, feeding, matmul_operan
                          reduce_pattern, typed_literal)
 from .kernel import (ALIGN_WS, GemmSpec, Launch, Ref, Source, Unsupported, block_reduce,
                      copy_words, externals, offset_expr, prod, unravel)
+from .spelling import from_half, is_conversion
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -93,6 +96,10 @@ def _scalars(src, scal, vals, store=None):
                     if m in store]
 
 
+# the half type of an array a kernel reads (its numpy dtype name: f16 float16, bf16 its bits)
+HALF_OF = {"float16": "f16", "uint16": "bf16"}
+
+
 # ---- GEMM -------------------------------------------------------------------------------------
 def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) -> Launch:
     """C = op(A) @ op(B) by the tiled shared-memory kernel (the seam for cuBLASLt: a backend
@@ -113,8 +120,11 @@ def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) ->
         src.lines += ["b = cuda.blockIdx.z"] + batch_index("ba", ob, xb, ("j_", "r_")) + \
             batch_index("bb", ob, wb, ("j_", "r_"))
         pa, pb, pc = "ba, ", "bb, ", "b, "
-    at = f"{a}[{pa}kk, row]" if ta else f"{a}[{pa}row, kk]"
-    bt = f"{b}[{pb}col, kk]" if tb else f"{b}[{pb}kk, col]"
+    # a half operand (an f32 matmul's weight at its storage position: a frozen f16 / bf16
+    # weight) is read as float32 into the shared tile: the product is the f32 GEMM's
+    adt, bdt = HALF_OF.get(a_ref.dtype), HALF_OF.get(b_ref.dtype)
+    at = from_half(f"{a}[{pa}kk, row]" if ta else f"{a}[{pa}row, kk]", adt)
+    bt = from_half(f"{b}[{pb}col, kk]" if tb else f"{b}[{pb}kk, col]", bdt)
     src.lines += [
         f"sa = cuda.shared.array(({T}, {T}), {npd})", f"sb = cuda.shared.array(({T}, {T}), {npd})",
         "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
@@ -129,12 +139,23 @@ def gemm_launch(ctx, ta, tb, a_ref, b_ref, c_ref, dtype, note="", batch=None) ->
         "    cuda.syncthreads()", f"if row < {M} and col < {N}:", f"    {c}[{pc}row, col] = acc"]
     grid = (-(-N // T), -(-M // T)) + ((nb,) if batch is not None else ())
     ln = src.finish(grid, (T, T), note)
-    if ln.args == [a_ref, b_ref, c_ref]:        # (distinct operands: a library may run it)
+    if ln.args == [a_ref, b_ref, c_ref] and adt is None and bdt is None:
+        # distinct f32 operands: a library may run it (runtime/cuda/gemm.py)
         ln.gemm = GemmSpec(bool(ta), bool(tb), M, N, K, dtype, batch is not None)
     return ln
 
 
 def matmul_node(ctx, n, note="") -> list:
+    """Matmul n's GEMM launch, its GemmSpec naming half operands where it has them."""
+    launches = _matmul_launches(ctx, n, note)
+    half = _half_operands(ctx.g, n)
+    for ln in launches:
+        if half is not None and ln.gemm is not None:
+            ln.gemm = replace(ln.gemm, half=half)
+    return launches
+
+
+def _matmul_launches(ctx, n, note):
     if n.type.size == 0:
         return []
     x, w = (ctx.g.nodes[i] for i in n.inputs)
@@ -189,6 +210,22 @@ def gemm_kernel(ctx, kernel, note) -> list:
                                    note + " product"))
     ctx.place = saved
     return launches
+
+
+def _half_operands(g, n):
+    """(half dtype, A's node, B's node) when both of matmul n's f32 operands are casts of
+    values of one half type (passes/half.py's GEMM over half operands: f32 arrays holding half
+    values exactly, converted in the fused prologue or by the kernel that computed them), else
+    None."""
+    src = []
+    for i in n.inputs:
+        c = g.nodes[i]
+        if not c.inputs or not is_conversion(c.op) or c.type.dtype != "f32":
+            return None
+        src.append(g.nodes[c.inputs[0]])
+    if not src[0].type.is_half or src[0].type.dtype != src[1].type.dtype:
+        return None
+    return src[0].type.dtype, src[0].id, src[1].id
 
 
 def _overlap(a: Ref, b: Ref) -> bool:

@@ -19,6 +19,16 @@ GELU_BIAS, DRELU_BGRAD, BGRADA/B): the epilogue launch after the GEMM stays a nu
 program's buffer: one extra device copy per GEMM, and a capture that refuses the allocation
 falls back to plain launches (runtime/cuda/graphs.py).
 
+Half operands. passes/half.py gives a GEMM over f16 / bf16 values as casts to f32 (in the GEMM
+kernel's fused prologue, or in the kernel computing the operand), an f32 GEMM, and a cast of the
+product back: NvmathGemm (or the tiled kernel) runs over f32 arrays holding half values exactly,
+f32 accumulation, the CPU's meaning (its sgemm over converted operands). Under TF32 that loses
+nothing: bf16 and f16 values are exact in TF32. Where both operands are such casts of one half
+type the launch's GemmSpec names the half values (`half`), and the driver asks
+`half_operands()` first: the hook where a GPU would run cuBLASLt through nvmath-python on
+bf16 / f16 operands (COMPUTE_32F: f32 accumulation, tensor cores). It returns None: not
+implemented, as nothing here can check it without a GPU.
+
 Only NvmathGemm runs on a GPU alone; bench/gpu_check.py checks it against the CPU target
 (its correctness section) and times it (JITGRAPH_CUDA_GEMM=numba for the other row).
 """
@@ -81,3 +91,16 @@ class NvmathGemm:
         mm, cc, st = plan
         with st:                    # the copy on the driver's stream too
             cc[...] = mm.execute()
+
+
+def half_operands(spec, stream):
+    """A library call for a GEMM over half operands (spec.half: dtype, A's node, B's node), or
+    None: the f32 path runs (the prologue's casts, then NvmathGemm over the f32 operands).
+
+    The hook only. What a GPU implementation does here: take the half operands (the f32
+    arrays converted to spec.half's type, exactly, or the half values' own buffers where the
+    plan keeps them, and then drop the launches that only convert them), plan
+    `nvmath.linalg.advanced.Matmul` over them with compute type COMPUTE_32F and an f32 result.
+    Not done: it cannot be checked without a GPU (bench/gpu_check.py is where it would be
+    checked against the CPU target)."""
+    return None

@@ -27,6 +27,8 @@ import math
 import numpy as np
 from numba import cuda
 
+from jitgraph.runtime.cuda import halfconv
+
 '''
 
 
@@ -63,6 +65,10 @@ class GemmSpec:
     K: int
     dtype: str
     batched: bool
+    # (half dtype, A's node, B's node) where both f32 operands are casts of values of one half
+    # type (they hold half values exactly): what a library GEMM over half operands would read
+    # (runtime/cuda/gemm.py half_operands, a hook only)
+    half: tuple | None = None
 
 
 @dataclass
@@ -83,12 +89,16 @@ class Unsupported(NotImplementedError):
     pass
 
 
-def scalar_expr(n, args) -> str:
-    """Node n's value from operand expressions, by this backend's spelling of its op."""
-    template = spelling.expr(n.op)
+def scalar_expr(n, args, g) -> str:
+    """Node n's value from operand expressions, by this backend's spelling of its op (a cast
+    to or from a half type: its conversion, runtime/cuda/spelling.py)."""
+    try:
+        template = spelling.expr(n.op, n.type.dtype, [g.nodes[i].type.dtype for i in n.inputs])
+    except NotImplementedError as e:
+        raise Unsupported(f"{e} (node %{n.id})") from None
     if template is None:
         raise Unsupported(f"target cuda: op {n.op} has no scalar expression")
-    return kernelgen.scalar_expr(n, args, template)
+    return kernelgen.scalar_expr(n, args, template, spelling.DTYPE)
 
 
 def np_name(dt: str) -> str:
@@ -116,7 +126,7 @@ class Source:
         g, lines = self.ctx.g, []
         for m in nodes:
             n = g.nodes[m]
-            lines.append(pad + f"{self.local(m)} = {scalar_expr(n, [vals[i] for i in n.inputs])}"
+            lines.append(pad + f"{self.local(m)} = {scalar_expr(n, [vals[i] for i in n.inputs], g)}"
                          f"  # {n.op}")
             vals[m] = self.local(m)
         return lines
@@ -143,9 +153,14 @@ class Context:
         self.place = {}
 
     def consts(self) -> dict:
+        """The inlined constants' literals, as a kernel holds their dtype (a half constant:
+        its value rounded, spelled as the half value a load would give)."""
         g = self.g
-        return {c: typed_literal(g.nodes[c].attr["value"], g.nodes[c].type.dtype)
-                for c in self.inlined}
+        out = {}
+        for c in self.inlined:
+            v, dt = g.nodes[c].attr["value"], g.nodes[c].type.dtype
+            out[c] = half_literal(v, dt) if dt in ("f16", "bf16") else typed_literal(v, dt)
+        return out
 
     def ref(self, nid, shape=None) -> Ref:
         """Where value nid lies, seen as `shape` (default its own, flattened to 1-D)."""
@@ -173,6 +188,16 @@ class Context:
 
 
 ALIGN_WS = 256
+
+
+def half_literal(v, dt) -> str:
+    """Float v rounded to half type dt (jitgraph/half.py), as a kernel holds it: f16 a float16,
+    bf16 its bits."""
+    from jitgraph.half import round_to
+    r = round_to(float(v), dt)
+    if dt == "f16":
+        return f"np.float16({kernelgen.literal(float(r))})"
+    return f"np.uint16({int(r)})"
 
 
 def prod(shape):
@@ -247,6 +272,10 @@ def fill_words(ctx, ref: Ref, note="") -> Launch:
 
 
 def words(base, offset, nbytes) -> Ref:
+    """nbytes at offset of base as 32-bit words, or 16-bit ones where nbytes is no multiple of
+    4 (a half value of an odd count)."""
+    if nbytes % 4:
+        return Ref(base, offset, (nbytes // 2,), "uint16")
     return Ref(base, offset, (nbytes // 4,), "uint32")
 
 
@@ -291,6 +320,6 @@ def fill(ctx, n, value, note="") -> Launch:
 
 
 def words_of(ctx, node) -> Ref:
-    """Node's buffer as 32-bit words (copies)."""
+    """Node's buffer as 32-bit words, or 16-bit ones for an odd count of halves (copies)."""
     r = ctx.ref(node.id)
-    return Ref(r.base, r.offset, (node.type.nbytes // 4,), "uint32")
+    return words(r.base, r.offset, node.type.nbytes)

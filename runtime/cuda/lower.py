@@ -5,12 +5,18 @@ otherwise. Convolution and pooling: runtime/cuda/conv.py; attention: runtime/cud
 """
 from __future__ import annotations
 
+from jitgraph.ops.update import SR_K
 from jitgraph.plan import CALLER
 
 from ..kernelgen import NP_DTYPE, typed_literal
-from .kernel import (Source, block_reduce, copy_words, fill, fill_words, gather, prod, strides,
-                     unravel, words, words_of)
-from .spelling import half
+from .kernel import (Source, block_reduce, copy_words, fill, fill_words, gather, half_literal,
+                     prod, strides, unravel, words, words_of)
+from .spelling import from_half, half
+
+
+def value_literal(v, dtype) -> str:
+    """A literal of `dtype` as a kernel stores it (a half value: rounded, as a load gives it)."""
+    return half_literal(v, dtype) if dtype in ("f16", "bf16") else typed_literal(v, dtype)
 
 
 def count_equal(ctx, n, note="") -> list:
@@ -44,7 +50,7 @@ def permute(ctx, n, note="") -> list:
 def causal_mask(ctx, n, note="") -> list:
     x = ctx.g.nodes[n.inputs[0]]
     rows, cols = n.type.shape[-2:]
-    val = typed_literal(float(n.attr["value"]), n.type.dtype)
+    val = value_literal(float(n.attr["value"]), n.type.dtype)
 
     def lines(src):
         a = src.arg(ctx.ref(x.id))
@@ -57,9 +63,12 @@ def get_rows(ctx, n, note="") -> list:
     table, idx = (ctx.g.nodes[i] for i in n.inputs)
     E = prod(table.type.shape[1:])
 
+    # a half table read into f32 rows (its storage position: a frozen f16 / bf16 embedding)
+    conv = table.type.dtype if table.type.is_half and not n.type.is_half else None
+
     def lines(src):
         t, ix = src.arg(ctx.ref(table.id)), src.arg(ctx.ref(idx.id))
-        return [f"val = {t}[{ix}[i // {E}] * {E} + i % {E}]"]
+        return [f"val = {from_half(f'{t}[{ix}[i // {E}] * {E} + i % {E}]', conv)}"]
     return gather(ctx, n, lines, note)
 
 
@@ -155,7 +164,7 @@ def slice_back(ctx, n, note="") -> list:
     gg = ctx.g.nodes[n.inputs[0]]
     sl, gs = n.attr["slices"], gg.type.shape
     ost = strides(n.type.shape)
-    launches = [fill(ctx, n, typed_literal(0.0 if n.type.is_float else 0, n.type.dtype),
+    launches = [fill(ctx, n, value_literal(0.0 if n.type.is_float else 0, n.type.dtype),
                      note + " zero")] if n.type.size else []
     total = gg.type.size
     if total:
@@ -175,7 +184,7 @@ def pad(ctx, n, note="") -> list:
     x = ctx.g.nodes[n.inputs[0]]
     pads, xs, os_ = n.attr["pads"], x.type.shape, n.type.shape
     xst = strides(xs)
-    val = typed_literal(float(n.attr["value"]) if n.type.is_float else int(n.attr["value"]),
+    val = value_literal(float(n.attr["value"]) if n.type.is_float else int(n.attr["value"]),
                         n.type.dtype)
 
     def lines(src):
@@ -219,3 +228,18 @@ def set_rows(ctx, n, note="") -> list:
                       f"        {o}[(u * {N} + k) * {inner} + e % {inner}] = {v}", "    e += st"]
         launches.append(src.finish((ctx.blocks(total),), (ctx.tpb,), note))
     return launches
+
+
+# ---- bf16 master weights: sround_bf16 ----------------------------------------------------------
+def sround_bf16(ctx, n, note="") -> list:
+    """sround_bf16(x, step): one thread per element, the bf16 bits of x[i] rounded
+    stochastically with the random bits of flat element i (runtime/cuda/halfconv.py
+    sround_bits: the integers of the reference and of the CPU's lib_round.py)."""
+    x, step = n.inputs
+    K0, K1, _ = SR_K
+    base = (n.attr["seed"] % 2 ** 64 * K0 + n.attr["salt"] % 2 ** 64 * K1) % 2 ** 64
+
+    def lines(src):
+        a, s = src.arg(ctx.ref(x)), src.arg(ctx.ref(step, (1,)))
+        return [f"val = halfconv.sround_bits({a}[i], {s}[0], np.uint64({base}), i)"]
+    return gather(ctx, n, lines, note)

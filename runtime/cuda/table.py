@@ -49,6 +49,7 @@ TABLE = {
     "pad": Own(lower.pad),
     "set_rows": Own(lower.set_rows),
     "kv_attention": Own(attention.kv_attention),
+    "sround_bf16": Own(lower.sround_bf16),
     "attention": Own(attention.attention),
     "attention_back": Own(attention.attention_back),
 }
