@@ -12,7 +12,7 @@ when its heads are small (head_dim <= STORE_MAX_HEAD_DIM: the recompute costs 2 
 FLOPs and an exp per score, storing 8 bytes of traffic per score; at head_dim 64 the recompute
 is an efficient GEMM and storing only costs memory) and its probabilities take at most
 STORE_MAX_BYTES (B H probs_size(S) elements: they grow with the square of the sequence, where
-recomputing is the only choice). Storing was faster at head_dim 8 and 32 and within noise at
+recomputing is the only choice), and it is not f16 (r below could pass f16's range). Storing was faster at head_dim 8 and 32 and within noise at
 64 (bench/attention_store.py; bench/README.md: "Figures behind the code", attention's kept
 probabilities). The checkpoint pass may still
 drop `stored` and recompute it in the backward. A backend lowers the pair only when its
@@ -41,34 +41,26 @@ def store_attention_probs(graph, kinds=None):
         a = graph.nodes[out]
         if a.op == "attention" and a.inputs == (q, k, v) and a.attrs == n.attrs:
             B, S, H, D = a.type.shape
-            size = 4 if a.type.dtype == "f16" else a.type.np_dtype.itemsize  # f16: f32 probs
-            if D <= STORE_MAX_HEAD_DIM and B * H * probs_size(S) * size <= STORE_MAX_BYTES:
+            # an f16 attention recomputes: r (1 / a row's sum of e) can pass f16's 65504
+            # where a row's scores lie far below its block's largest (bf16 has f32's range)
+            if a.type.dtype != "f16" and D <= STORE_MAX_HEAD_DIM and \
+                    B * H * probs_size(S) * a.type.np_dtype.itemsize <= STORE_MAX_BYTES:
                 chosen.setdefault(a.id, []).append(n.id)
     if not chosen:
         return graph, {}
     stored, backs = {}, {b for bs in chosen.values() for b in bs}
 
-    def wide(g, ids, dt):
-        return [g.emit("cast", (i,), {"dtype": "f32"}) for i in ids] if dt == "f16" else ids
-
-    def narrow(g, i, dt):
-        return g.emit("cast", (i,), {"dtype": dt}) if dt == "f16" else i
-
-    # An f16 attention keeps its probabilities in f32: r (1 / a row's sum of e) can pass
-    # f16's 65504 where a row's scores lie far below its block's largest; bf16 has f32's range
     def rule(g, n, new):
-        dt = n.type.dtype
         if n.id in chosen:
             ids, attrs = [new[i] for i in n.inputs], dict(n.attrs)
-            s = g.emit("attention_store", wide(g, ids, dt), attrs)
+            s = g.emit("attention_store", ids, attrs)
             stored[n.id] = s
             sl = g.emit("slice", [s], {"slices": ((0, n.type.size, 1),)})
-            return narrow(g, g.emit("reshape", [sl], {"shape": n.type.shape}), dt)
+            return g.emit("reshape", [sl], {"shape": n.type.shape})
         if n.id in backs:
             q, k, v, out, dout = n.inputs
-            q, k, v, dout = wide(g, [new[q], new[k], new[v], new[dout]], dt)
-            return narrow(g, g.emit("attention_back_stored", [q, k, v, stored[out], dout],
-                                    dict(n.attrs)), dt)
+            return g.emit("attention_back_stored",
+                          [new[q], new[k], new[v], stored[out], new[dout]], dict(n.attrs))
         return copy_node(g, n, new)
     g, _ = rebuild(graph, rule)
     extra = sum(g.nodes[s].type.nbytes - graph.nodes[a].type.nbytes for a, s in stored.items())

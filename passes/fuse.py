@@ -53,13 +53,16 @@ from jitgraph.registry import get_op, row_axis
 from jitgraph.plan import ACCUMULATE, Kernel, KernelGraph, rows_flags
 
 from .boundary import boundary_values, phase_two
+from .guard import FLAG as GUARD_FLAG
 from .report import Report
 
 
 def forward_nodes(graph) -> frozenset:
     """Nodes the non-gradient outputs need (the forward pass): ancestors of every output except
-    `grad/*` (passes/autodiff.py) and the updates."""
-    return live_nodes(graph, [i for k, i in graph.outputs.items() if not k.startswith("grad/")])
+    `grad/*` (passes/autodiff.py), the finite-step guard's flags, which read the gradients
+    (passes/guard.py), and the updates."""
+    return live_nodes(graph, [i for k, i in graph.outputs.items()
+                              if not k.startswith("grad/") and not k.startswith(GUARD_FLAG)])
 
 
 def roles(graph, nid) -> frozenset:

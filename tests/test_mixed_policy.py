@@ -130,19 +130,19 @@ def test_bf16_arena_is_clearly_smaller_than_f32s():
         st = run_pipeline(llama_forward(cfg, 4, 64, labels=True),
                           Options(loss="loss", optimizer=jg.optim.AdamW(lr=1e-3), precision=p))
         arena[p] = st.memory.arena_bytes
-    assert arena["bf16"] < 0.7 * arena["f32"], arena
-    assert arena["f16"] < 0.8 * arena["f32"], arena      # its attention keeps f32 probabilities
+    # the residual stream and the norms' outputs stay f32, so not half: about 0.7 here
+    assert arena["bf16"] < 0.75 * arena["f32"], arena
+    assert arena["f16"] < 0.75 * arena["f32"], arena
 
 
-def test_f16_attention_keeps_f32_probabilities():
-    """An f16 attention whose probabilities are kept for the backward keeps them in f32 (1 / a
-    row's sum can pass f16's range); a bf16 one keeps them in bf16."""
+def test_f16_attention_recomputes_its_probabilities():
+    """A bf16 attention keeps its probabilities for the backward in bf16; an f16 one recomputes
+    them (1 / a row's sum can pass f16's range)."""
     from jitgraph.passes.attention import store_attention_probs
-    for dt, want in (("f16", "f32"), ("bf16", "bf16")):
+    for dt, kept in (("bf16", CFG.layers), ("f16", 0)):
         mg, _ = mixed(llama_forward(CFG, 2, 16, labels=True), dt)
         bg, _ = grad(mg, "loss")
         sg, stats = store_attention_probs(bg)
-        assert stats["attention_probs_stored"] == CFG.layers
-        assert _types(sg, "attention_store") == {want}
-        assert _types(sg, "attention_back_stored") == {want}
-        assert not any(n.op == "attention_back" for n in sg.nodes)
+        assert stats.get("attention_probs_stored", 0) == kept
+        assert sum(n.op == "attention_back" for n in sg.nodes) == CFG.layers - kept
+        assert _types(sg, "attention_store") == ({dt} if kept else set())
