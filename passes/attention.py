@@ -12,7 +12,7 @@ when its heads are small (head_dim <= STORE_MAX_HEAD_DIM: the recompute costs 2 
 FLOPs and an exp per score, storing 8 bytes of traffic per score; at head_dim 64 the recompute
 is an efficient GEMM and storing only costs memory) and its probabilities take at most
 STORE_MAX_BYTES (B H probs_size(S) elements: they grow with the square of the sequence, where
-recomputing is the only choice). Storing was faster at head_dim 8 and 32 and within noise at
+recomputing is the only choice), and it is not f16 (r below could pass f16's range). Storing was faster at head_dim 8 and 32 and within noise at
 64 (bench/attention_store.py; bench/README.md: "Figures behind the code", attention's kept
 probabilities). The checkpoint pass may still
 drop `stored` and recompute it in the backward. A backend lowers the pair only when its
@@ -41,7 +41,9 @@ def store_attention_probs(graph, kinds=None):
         a = graph.nodes[out]
         if a.op == "attention" and a.inputs == (q, k, v) and a.attrs == n.attrs:
             B, S, H, D = a.type.shape
-            if D <= STORE_MAX_HEAD_DIM and \
+            # an f16 attention recomputes: r (1 / a row's sum of e) can pass f16's 65504
+            # where a row's scores lie far below its block's largest (bf16 has f32's range)
+            if a.type.dtype != "f16" and D <= STORE_MAX_HEAD_DIM and \
                     B * H * probs_size(S) * a.type.np_dtype.itemsize <= STORE_MAX_BYTES:
                 chosen.setdefault(a.id, []).append(n.id)
     if not chosen:

@@ -53,13 +53,16 @@ from jitgraph.registry import get_op, row_axis
 from jitgraph.plan import ACCUMULATE, Kernel, KernelGraph, rows_flags
 
 from .boundary import boundary_values, phase_two
+from .guard import FLAG as GUARD_FLAG
 from .report import Report
 
 
 def forward_nodes(graph) -> frozenset:
     """Nodes the non-gradient outputs need (the forward pass): ancestors of every output except
-    `grad/*` (passes/autodiff.py) and the updates."""
-    return live_nodes(graph, [i for k, i in graph.outputs.items() if not k.startswith("grad/")])
+    `grad/*` (passes/autodiff.py), the finite-step guard's flags, which read the gradients
+    (passes/guard.py), and the updates."""
+    return live_nodes(graph, [i for k, i in graph.outputs.items()
+                              if not k.startswith("grad/") and not k.startswith(GUARD_FLAG)])
 
 
 def roles(graph, nid) -> frozenset:
@@ -193,6 +196,17 @@ def _accumulate(gr, n) -> bool:
     return False
 
 
+def _gemm_operand_conversion(gr, n) -> bool:
+    """Whether n is a conversion (OpDef.half "convert": a half value's f32 cast) read only by
+    GEMMs that take prologues: it starts a group of its own, which becomes that GEMM's prologue
+    (converted into its scratch space), instead of joining its operand's group, which would
+    write the f32 copy into a buffer of its own (passes/half.py casts once per reader)."""
+    g = gr.g
+    users = gr.users.get(n.id, ())
+    return get_op(n.op).half == "convert" and bool(users) and n.id not in gr.kept and all(
+        is_direct_gemm(g, g.nodes[u]) and "prologue" in roles(g, u) for u in users)
+
+
 def _join_elementwise(gr, n):
     """Put elementwise node n into an operand's group of the same domain, or a new group."""
     if _accumulate(gr, n):
@@ -201,7 +215,7 @@ def _join_elementwise(gr, n):
     cands = [gid for gid in gr.producers(n.id) if gr.groups[gid]["domain"] == shape and (
         gr.groups[gid]["kind"] == "elementwise" or gr.groups[gid]["anchor"] is not None and
         "epilogue" in roles(gr.g, gr.groups[gid]["anchor"]))]
-    if n.type.size == 0:
+    if n.type.size == 0 or _gemm_operand_conversion(gr, n):
         cands = []
     anchors = [gid for gid in cands if gr.groups[gid]["anchor"] is not None]
     for gids in ([*anchors[:1], *[c for c in cands if c not in anchors]], anchors[:1],

@@ -61,13 +61,16 @@ def compute_in_f32(graph):
     if not any(_touches_half(graph, n) for n in graph.nodes):
         return graph, Report("half", dict(count))
 
-    read = {}                       # half value -> its f32 cast (one per value)
+    # half value and reader -> the value's f32 cast: one per reader, so each cast joins its
+    # reader's kernel (a GEMM's prologue, an elementwise or row kernel) or dies right after
+    # it, and no f32 copy of a half value stays live from the forward to the backward
+    read = {}
 
-    def f32(g, i):
-        if i not in read:
+    def f32(g, i, reader):
+        if (i, reader) not in read:
             count["casts"] += 1
-            read[i] = g.emit("cast", (i,), {"dtype": "f32"})
-        return read[i]
+            read[(i, reader)] = g.emit("cast", (i,), {"dtype": "f32"})
+        return read[(i, reader)]
 
     def rule(g, n, new):
         if n.op in LEAF_OPS or get_op(n.op).half in ("move", "convert") or \
@@ -75,7 +78,7 @@ def compute_in_f32(graph):
             return copy_node(g, n, new)
         count["ops"] += 1
         attrs = {k: ("f32" if k == "dtype" and v in ("f16", "bf16") else v) for k, v in n.attrs}
-        nid = g.emit(n.op, [f32(g, new[i]) if graph.nodes[i].type.is_half else new[i]
+        nid = g.emit(n.op, [f32(g, new[i], n.id) if graph.nodes[i].type.is_half else new[i]
                             for i in n.inputs], attrs)
         if n.type.is_half:
             count["casts"] += 1

@@ -30,7 +30,7 @@ class Options:
     page_offsets: dict | None = None  # param -> where in a page its slot starts (a weight mapped
     #                                   from its file: the file offset's place in its page)
     kinds: frozenset | None = None    # the kernel kinds the target lowers (fuse; None: all)
-    precision: str = "f32"            # GEMMs in "bf16" / "f16", the rest f32 (precision.py)
+    precision: str = "f32"            # mixed precision "bf16" / "f16" (precision.py mixed)
     loss_scale: object = None         # jitgraph.optim.LossScale: the backward seeded with the
     #                                   input opt/loss_scale, the optimizer unscales (optimizer.py)
     stored_params: dict | None = None  # internal: param -> the type it is stored in, read

@@ -26,36 +26,100 @@ def cast_graph(graph, dtype: str = "f64", src: str = "f32"):
     return rebuild(graph, recast)[0]
 
 
+# Ops that run in f32 under mixed precision whatever their operands (autocast's "f32 list"),
+# beside every op of kind "rows" (softmax, log_softmax, the norms and their *_back ops) and
+# "reduction" (sum, mean, max, logsumexp, ...: long accumulations whose results feed the
+# losses and norms), and every op that takes no half operands (OpDef.half None: the losses,
+# conv, pooling, get_rows, the updates). exp's and pow's results span ranges past f16's (exp
+# overflows f16 above 11); log and softplus lose the relative precision of results near 0.
+F32_OPS = frozenset({"exp", "log", "pow", "softplus"})
+
+
+def mixed_role(op: str) -> str:
+    """How mixed precision runs op: "gemm" (a contraction computing half types: its operands
+    cast to the half type, its product kept in it), "f32" (its half operands cast to f32) or
+    "follow" (elementwise, rope, attention, moves: in the half type when its float operands
+    are, else in f32)."""
+    d = get_op(op)
+    if d.kind == "contraction" and d.half == "compute":
+        return "gemm"
+    if d.half not in ("compute", "move") or d.kind in ("rows", "reduction") or op in F32_OPS:
+        return "f32"
+    return "follow"
+
+
 def mixed(graph, dtype: str):
-    """(graph, Report): each f32 GEMM (an op of kind "contraction" that computes half types:
-    matmul) reads its operands cast to `dtype` and gives its product in `dtype`, cast back to
-    f32 for its readers; everything else (norms, softmax, losses, the params: f32 master
-    weights, and the optimizer, which a later stage adds) stays f32. Run before autodiff, so
-    the backward's GEMMs are half too, the gradients reach the params through the casts' vjps
-    in f32, and the values the backward keeps for the GEMMs are the half operands (half the
-    bytes). Accumulation stays f32 (the half types' meaning: jitgraph/half.py)."""
+    """(graph, Report): autocast-style mixed precision. Each f32 GEMM (mixed_role "gemm":
+    matmul) reads its operands cast to `dtype` and gives its product in `dtype`; ops that
+    follow their operands' type (elementwise, rope, attention, views, permute, slice, concat)
+    stay in `dtype` when their float operands are in it, and run in f32 (the half operands cast
+    to f32) when an operand is an f32 value computed or fed in (the residual add); an f32 param
+    or constant read by an elementwise op beside half values is read in `dtype` (a GEMM's bias,
+    as autocast's Linear reads its bias in the compute type). Ops of mixed_role "f32" (norms,
+    softmax, reductions, losses, F32_OPS) read half operands cast to f32. Params (f32 master
+    weights), graph outputs (cast back to f32) and the optimizer, which a later stage adds,
+    stay f32. Run before autodiff: the backward computes in the types of the forward values
+    it differentiates (a half value's gradient is half), and a param's gradient reaches it in
+    f32 through its cast's vjp. Accumulation stays f32 (the half types' meaning:
+    jitgraph/half.py)."""
     if dtype not in PRECISIONS:
         raise ValueError(f"precision {dtype!r}: expected one of {', '.join(PRECISIONS)}")
-    count = {"gemms": 0}
+    count = {"gemms": 0, "half_ops": 0, "f32_ops": 0}
     if dtype == "f32":
         return graph, Report("precision", count)
-    halves = {}                 # f32 value -> its half cast (one per value)
+    casts = {}                  # (new value, dtype) -> its cast (one per value and type)
+    low = set()                 # new ids of the f32 graph's values now computed in `dtype`
 
-    def half(g, i):
-        if i not in halves:
-            halves[i] = g.emit("cast", (i,), {"dtype": dtype})
-        return halves[i]
+    def cast(g, i, to):
+        if g.nodes[i].type.dtype == to:
+            return i
+        if (i, to) not in casts:
+            casts[(i, to)] = g.emit("cast", (i,), {"dtype": to})
+        return casts[(i, to)]
+
+    def weak(i):
+        """A param or a constant of the f32 graph: read in the half type beside half values."""
+        n = graph.nodes[i]
+        return n.op == "param" or (n.op not in LEAF_OPS and not n.inputs)
 
     def rule(g, n, new):
-        d = get_op(n.op) if n.op not in LEAF_OPS else None
-        if d is None or d.kind != "contraction" or d.half != "compute" or n.type.dtype != "f32" \
-                or any(graph.nodes[i].type.dtype != "f32" for i in n.inputs):
+        if n.op in LEAF_OPS:
             return copy_node(g, n, new)
-        count["gemms"] += 1
-        out = g.emit(n.op, [half(g, new[i]) for i in n.inputs], dict(n.attrs))
-        return g.emit("cast", (out,), {"dtype": "f32"})
+        d = get_op(n.op)
+        role = mixed_role(n.op)
+        ins = [new[i] for i in n.inputs]
+        floats = [p for p, i in enumerate(n.inputs) if graph.nodes[i].type.dtype == "f32"
+                  and p not in d.storage]
+        f32_in = all(graph.nodes[i].type.dtype == "f32" for i in n.inputs)
+        if role == "gemm" and n.type.dtype == "f32" and f32_in:
+            count["gemms"] += 1
+            out = g.emit(n.op, [cast(g, x, dtype) for x in ins], dict(n.attrs))
+            low.add(out)
+            return out
+        lowered = [p for p in range(len(ins)) if ins[p] in low]
+        if not lowered:
+            return copy_node(g, n, new)
+        strong = [p for p in floats if ins[p] not in low and not
+                  (d.kind == "elementwise" and weak(n.inputs[p]))]
+        if role == "follow" and n.type.dtype == "f32" and not strong and \
+                all(p in floats for p in lowered):
+            count["half_ops"] += 1
+            out = g.emit(n.op, [cast(g, x, dtype) if p in floats else x
+                                for p, x in enumerate(ins)], dict(n.attrs))
+            if g.nodes[out].type.dtype == dtype:
+                low.add(out)
+            return out
+        count["f32_ops"] += 1           # the widest type: its half operands read as f32
+        return g.emit(n.op, [cast(g, x, "f32") if x in low else x for x in ins],
+                      dict(n.attrs))
 
     out, _ = rebuild(graph, rule)
+    for k, i in out.outputs.items():    # graph outputs stay f32
+        if i in low:
+            out.outputs[k] = cast(out, i, "f32")
+    for k, i in out.updates.items():
+        if i in low:
+            out.updates[k] = cast(out, i, "f32")
     return out, Report("precision", {**count, "dtype": dtype})
 
 

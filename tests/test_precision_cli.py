@@ -217,15 +217,18 @@ def test_train_llama_bf16_moments(llama_runs, tmp_path, capsys, testdata):
 
 def test_dump_shows_the_precision_stage(capsys):
     """`dump --precision bf16 --stage precision`: each GEMM reads bf16 casts and gives a bf16
-    product; f16's optimizer stage unscales by opt/loss_scale; the precision stage of an f32
-    program is a usage error, as is --loss-scale without f16."""
+    product, the bias adds and relu that follow stay bf16 (x, the weights and the biases cast:
+    5 casts), the logits go back to f32; f16's optimizer stage unscales by opt/loss_scale; the
+    precision stage of an f32 program is a usage error, as is --loss-scale without f16."""
     assert cli.main(["dump", "mnist-fc", "--stage", "precision", "--precision", "bf16",
                      "--quiet"]) == 0
     out = capsys.readouterr().out
     mm = [line for line in out.splitlines() if "matmul(" in line]
     assert len(mm) == 2 and all(line.rstrip().endswith("bf16[100,500]") or
                                 line.rstrip().endswith("bf16[100,10]") for line in mm), mm
-    assert out.count("[dtype=bf16]") == 4
+    assert out.count("[dtype=bf16]") == 5 and out.count("[dtype=f32]") == 1
+    follow = [line for line in out.splitlines() if " add(" in line or " relu(" in line]
+    assert len(follow) == 3 and all("bf16[100," in line for line in follow), follow
     assert cli.main(["dump", "mnist-fc", "--stage", "optimizer", "--precision", "f16",
                      "--quiet"]) == 0
     assert "opt/loss_scale" in capsys.readouterr().out

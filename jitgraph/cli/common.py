@@ -212,9 +212,10 @@ PRECISIONS = ("f32", "bf16", "f16")
 def add_precision_flag(p):
     """--precision: a training command's mixed precision (jg.compile's precision=)."""
     p.add_argument("--precision", choices=PRECISIONS, default="f32",
-                   help="f32, or mixed precision: bf16 or f16 GEMMs (forward and backward; "
-                        "params, norms, losses and the optimizer stay f32); f16 scales the "
-                        "loss dynamically (--loss-scale)")
+                   help="f32, or mixed precision: GEMM products and the activations computed "
+                        "from them in bf16 or f16, forward and backward (params, the residual "
+                        "stream, norms, softmax, reductions, losses and the optimizer stay f32); "
+                        "f16 scales the loss dynamically (--loss-scale)")
     p.add_argument("--moments", choices=("f32", "bf16"), default="f32",
                    help="the type AdamW's moments m and v are stored in: bf16 halves the "
                         "optimizer state (the update is computed in f32)")

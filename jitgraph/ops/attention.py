@@ -221,7 +221,7 @@ def _attention_vjp(g, out, xs, a):
             for x, lo, hi in ((q, 0, nq), (k, nq, nq + nk), (v, nq + nk, nq + 2 * nk))]
 
 
-register("attention", kind="opaque", arity=3, attrs={"scale": ("float", 1.0)},
+register("attention", kind="opaque", half="compute", arity=3, attrs={"scale": ("float", 1.0)},
          infer=_attention_infer, ref=_attention_ref, vjp=_attention_vjp,
          flops=lambda ins, out, a: _pairs(ins[0]) * (4 * ins[0].shape[3] + 5),
          bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,
@@ -229,7 +229,7 @@ register("attention", kind="opaque", arity=3, attrs={"scale": ("float", 1.0)},
              "out[b, i, h] = sum_{j<=i} softmax_j(scale q[b,i,h].k[b,j,g]) v[b,j,g], "
              "g = h // (H / Hkv) (GQA); the scores are never stored (the backward recomputes "
              "them)")
-register("attention_back", kind="opaque", arity=5, attrs={"scale": ("float", 1.0)},
+register("attention_back", kind="opaque", half="compute", arity=5, attrs={"scale": ("float", 1.0)},
          infer=_back_infer, ref=_back_ref,
          flops=lambda ins, out, a: _pairs(ins[0]) * (10 * ins[0].shape[3] + 8),
          bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,
@@ -237,14 +237,15 @@ register("attention_back", kind="opaque", arity=5, attrs={"scale": ("float", 1.0
              "gradients of attention with respect to q, k and v, one after the other")
 
 
-register("attention_store", kind="opaque", arity=3, attrs={"scale": ("float", 1.0)},
+register("attention_store", kind="opaque", half="compute", arity=3, attrs={"scale": ("float", 1.0)},
          infer=_store_infer, ref=_store_ref,
          flops=lambda ins, out, a: _pairs(ins[0]) * (4 * ins[0].shape[3] + 6),
          bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,
          doc="attention_store(q, k, v, scale) -> flat [B S H D + B H (probs_size(S) + S)]: "
              "attention's output, then its probabilities p = e r (e in blocks of query rows, "
              "then r per row), kept for attention_back_stored (passes/attention.py)")
-register("attention_back_stored", kind="opaque", arity=5, attrs={"scale": ("float", 1.0)},
+register("attention_back_stored", kind="opaque", half="compute", arity=5,
+         attrs={"scale": ("float", 1.0)},
          infer=_back_stored_infer, ref=_back_stored_ref,
          flops=lambda ins, out, a: _pairs(ins[0]) * (6 * ins[0].shape[3] + 4),
          bytes=lambda ins, out, a: sum(t.nbytes for t in ins) + out.nbytes,

@@ -1,0 +1,148 @@
+"""Mixed precision's autocast policy (passes/precision.py `mixed`): which values of a llama-like
+graph are half and which stay f32, the mixed program's gradients against the numpy interpreter
+running the same mixed graph, a few training steps in bf16 and in f16 with loss scaling, and
+the planned arena of a bf16 program against f32's."""
+import numpy as np
+import pytest
+
+import jitgraph as jg
+from jitgraph import interp
+from jitgraph.half import to_f32
+from jitgraph.models.llama import LlamaConfig, llama_forward
+from jitgraph.passes.autodiff import grad
+from jitgraph.passes.precision import mixed, mixed_role
+
+EPS = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}
+CFG = LlamaConfig(vocab=40, dim=32, layers=2, heads=2, ctx=16)
+
+
+def _feeds(batch=4, seq=16, seed=0):
+    rng = np.random.default_rng(seed)
+    toks = rng.integers(0, CFG.vocab, (batch, seq + 1)).astype(np.int32)
+    return dict(tokens=toks[:, :-1], pos=np.arange(seq, dtype=np.int32), labels=toks[:, 1:])
+
+
+def _types(g, op):
+    return {g.nodes[n.id].type.dtype for n in g.nodes if n.op == op}
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_policy_types_on_a_llama(dt):
+    g = llama_forward(CFG, 2, 16, labels=True)
+    mg, rep = mixed(g, dt)
+    gemms = sum(n.op == "matmul" for n in g.nodes)
+    assert rep.stats["gemms"] == gemms
+    # GEMM products and the ops that follow them: half
+    for op in ("matmul", "rope", "attention", "silu"):
+        assert _types(mg, op) == {dt}, op
+    # silu(gate) * up is half; the norm weight's product and the residual adds stay f32
+    assert _types(mg, "mul") == {dt, "f32"} and _types(mg, "add") == {"f32"}
+    # numerically sensitive ops, the embedding, the params, the outputs: f32
+    for op in ("rms_norm", "cross_entropy", "get_rows", "param"):
+        assert _types(mg, op) == {"f32"}, op
+    assert all(mg.nodes[i].type.dtype == "f32" for i in mg.outputs.values())
+    # every half value is computed from a GEMM's product (no f32 value is rounded for an op
+    # that is not a GEMM): each cast to half reads a param or an f32 value a GEMM reads
+    for n in mg.nodes:
+        if n.op == "cast" and n.type.dtype == dt:
+            readers = {m.op for m in mg.nodes if n.id in m.inputs}
+            assert readers == {"matmul"}, readers
+    # the backward: half where the forward is, the params' gradients f32
+    bg, _ = grad(mg, "loss")
+    assert _types(bg, "matmul") == {dt} and _types(bg, "rope_back") == {dt}
+    assert _types(bg, "rms_norm_back") == {"f32"}
+    assert all(bg.nodes[bg.outputs[f"grad/{k}"]].type.dtype == "f32" for k in bg.params)
+
+
+def test_roles_come_from_the_registry():
+    assert mixed_role("matmul") == "gemm"
+    for op in ("add", "mul", "silu", "rope", "attention", "attention_back", "reshape",
+               "permute", "concat", "slice"):
+        assert mixed_role(op) == "follow", op
+    for op in ("rms_norm", "layer_norm", "softmax", "log_softmax", "sum", "mean",
+               "cross_entropy", "exp", "log", "conv2d", "get_rows"):
+        assert mixed_role(op) == "f32", op
+
+
+def test_bias_after_a_gemm_is_half_and_a_mixed_sum_is_f32():
+    """x @ w + b (b a param: a GEMM's bias, read in the half type) is half; the sum of that
+    and an f32 value computed in the graph runs in f32."""
+    g = jg.Graph("bias")
+    x = g.input("x", (8, 16))
+    w, b = g.param("w", (16, 16)), g.param("b", (16,))
+    h = jg.relu(x @ w + b)
+    g.output(y=jg.sum(h + jg.tanh(x)))
+    mg, _ = mixed(g, "bf16")
+    assert _types(mg, "add") == {"bf16", "f32"} and _types(mg, "relu") == {"bf16"}
+    adds = [n for n in mg.nodes if n.op == "add"]
+    assert [n.type.dtype for n in adds] == ["bf16", "f32"]
+    assert _types(mg, "tanh") == {"f32"} and _types(mg, "sum") == {"f32"}
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_mixed_gradients_match_the_interpreter(dt):
+    """The compiled mixed program (forward and backward) against the interpreter running the
+    same mixed graph: each op computed in f32 and rounded, so they differ by the order of
+    f32 accumulation alone (a rounding of a half value now and then)."""
+    mg, _ = mixed(llama_forward(CFG, 4, 16, labels=True), dt)
+    bg, _ = grad(mg, "loss")
+    params = bg.init_params(1)
+    feeds = _feeds()
+    ref = interp.run(bg, feeds, params)
+    prog = jg.compile(bg)
+    for k, v in params.items():
+        prog.params[k] = v
+    got = prog.step(**feeds)
+    assert abs(float(got["loss"]) - float(ref["loss"])) <= 4 * EPS[dt] * abs(float(ref["loss"]))
+    for k in bg.params:
+        a, b = got[f"grad/{k}"], ref[f"grad/{k}"]
+        assert a.dtype == b.dtype == np.float32, k
+        scale = float(np.max(np.abs(b)))
+        np.testing.assert_allclose(a, b, atol=8 * EPS[dt] * scale, rtol=0, err_msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_mixed_llama_trains_beside_f32(dt):
+    """A few Adam steps of a small llama on one batch: precision=dt (f16 with its loss scale)
+    follows the f32 run's losses within a few roundings of the format and lowers the loss."""
+    feeds = _feeds(seed=2)
+    losses = {}
+    for p in ("f32", dt):
+        prog = jg.compile(llama_forward(CFG, 4, 16, labels=True), loss="loss",
+                          optimizer=jg.optim.Adam(lr=0.01), seed=3, precision=p)
+        losses[p] = np.array([float(prog.step(**feeds)["loss"]) for _ in range(12)])
+        if p == "f16":
+            assert prog.scaler is not None and prog.skipped == 0
+    a, b = losses["f32"], losses[dt]
+    assert b[-1] < 0.8 * b[0] and not np.array_equal(a, b)
+    np.testing.assert_allclose(b, a, rtol=32 * EPS["bf16"], atol=0)
+
+
+def test_bf16_arena_is_clearly_smaller_than_f32s():
+    """The memory plan of a bf16 training program: the saved activations and the backward's
+    values half, so the arena is well under f32's (from the plans, not from timings)."""
+    from jitgraph.passes.pipeline import run_pipeline
+    from jitgraph.passes.planning import Options
+    cfg = LlamaConfig(vocab=64, dim=64, layers=2, heads=2, ctx=64)
+    arena = {}
+    for p in ("f32", "bf16", "f16"):
+        st = run_pipeline(llama_forward(cfg, 4, 64, labels=True),
+                          Options(loss="loss", optimizer=jg.optim.AdamW(lr=1e-3), precision=p))
+        arena[p] = st.memory.arena_bytes
+    # the residual stream and the norms' outputs stay f32, so not half: about 0.7 here
+    assert arena["bf16"] < 0.75 * arena["f32"], arena
+    assert arena["f16"] < 0.75 * arena["f32"], arena
+
+
+def test_f16_attention_recomputes_its_probabilities():
+    """A bf16 attention keeps its probabilities for the backward in bf16; an f16 one recomputes
+    them (1 / a row's sum can pass f16's range)."""
+    from jitgraph.passes.attention import store_attention_probs
+    for dt, kept in (("bf16", CFG.layers), ("f16", 0)):
+        mg, _ = mixed(llama_forward(CFG, 2, 16, labels=True), dt)
+        bg, _ = grad(mg, "loss")
+        sg, stats = store_attention_probs(bg)
+        assert stats.get("attention_probs_stored", 0) == kept
+        assert sum(n.op == "attention_back" for n in sg.nodes) == CFG.layers - kept
+        assert _types(sg, "attention_store") == ({dt} if kept else set())
