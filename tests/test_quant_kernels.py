@@ -132,6 +132,9 @@ def test_qgemm_forward(name):
                                  (1, 257, 8 * blk, -1.5, 1.0), (L.FUSED_MAX_M + 1, 65, 2 * blk,
                                                                 1.0, 0.0)):
         _check_qgemm(name, True, m, n, k, alpha, beta, rng)
+    # M = 1 at the 1B model's K (a decode GEMV: many blocks per row, every sub-block scale and
+    # quarter of a K-quant block, the per-row accumulators summed once)
+    _check_qgemm(name, True, 1, 19, 2048, 1.0, 0.0, rng)
     if name in ("q8_0", "q4_k"):                   # several tiles: tile rows = TILE_ELEMS / K
         k = 2048
         _check_qgemm(name, True, 24, L._tile_rows(k) * 2 + 40, k, 0.75, -1.0, rng)

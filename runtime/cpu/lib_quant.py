@@ -362,7 +362,7 @@ def _run_part(p, parts, units, fused, tb, kind, alpha, x, w, beta, out, work, sl
     u0, u1 = _span(p, parts, units)
     n = out.shape[1]
     if tb and fused and x.shape[0] == 1 and has_row_dot(kind):    # decode: rows in one pass
-        dot_rows(kind, alpha, x[0], w, beta, out[0], s[:LANES], u0, u1)
+        dot_rows(kind, alpha, x[0], w, beta, out[0], u0, u1)
     elif tb:
         size = 1 if fused else min(_tile_rows(x.shape[1]), n)
         for u in range(u0, u1):
