@@ -11,7 +11,6 @@ without numba-cuda (`pip install -e '.[cuda]'`). Shapes are small: the simulator
 thread as a Python thread."""
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -42,13 +41,9 @@ EPS = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}     # unit roundoff
 @pytest.mark.slow
 @pytest.mark.skipif(SIM, reason="this is the subprocess")
 def test_simulator_suite():
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x",
-                        "-p", "no:cacheprovider", "-p", "no:randomly"], env=env,
-                       capture_output=True, text=True, timeout=900,
-                       cwd=Path(__file__).resolve().parent.parent)
-    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout and "failed" not in r.stdout, r.stdout[-3000:]
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cuda_sim import run_simulator_suite
+    run_simulator_suite(Path(__file__))
 
 
 def bits(a):

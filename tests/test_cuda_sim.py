@@ -35,8 +35,14 @@ sim_only = pytest.mark.skipif(not SIM, reason="runs in the simulator subprocess 
 @pytest.mark.slow
 @pytest.mark.skipif(SIM, reason="this is the subprocess")
 def test_simulator_suite():
+    run_simulator_suite(Path(__file__))
+
+
+def run_simulator_suite(path):
+    """Run the test file `path` again in a subprocess with numba-cuda's simulator on; its
+    tests must pass (tests/test_cuda_half.py runs its own so too)."""
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-x",
+    r = subprocess.run([sys.executable, "-m", "pytest", str(path), "-q", "-x",
                         "-p", "no:cacheprovider", "-p", "no:randomly"], env=env,
                        capture_output=True, text=True, timeout=900,
                        cwd=Path(__file__).resolve().parent.parent)
