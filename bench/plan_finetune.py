@@ -1,7 +1,7 @@
 """The memory plan of a llama full finetune (AdamW, f32), planned without allocating or running:
 `python bench/plan_finetune.py [--dim 2048 --layers 16 --heads 32 --kv-heads 8 --ff 8192
---vocab 128256 --ctx 512] [--recompute none,sqrt] [--top 12]` (defaults: LLaMA-3.2-1B's shape,
-tied embedding/output).
+--vocab 128256 --ctx 512] [--recompute none,sqrt] [--top 12] [--precision bf16] [--master bf16]
+[--moments bf16]` (defaults: LLaMA-3.2-1B's shape, tied embedding/output, f32 throughout).
 
 Runs the pipeline's passes (passes/pipeline.py run_pipeline) and the CPU backend's code
 generation (for the kernels' scratch space, placed after the arena), so it takes seconds and
@@ -23,10 +23,11 @@ from jitgraph.runtime.cpu.backend import CPU
 GIB = 1 << 30
 
 
-def plan(cfg, ctx, recompute):
+def plan(cfg, ctx, recompute, precision="f32", master="f32", moments="f32"):
     g = llama_forward(cfg, 1, ctx, labels=True)
-    opts = Options(loss="loss", optimizer=optim.AdamW(lr=1e-5), kinds=CPU.kinds,
-                   checkpoint=None if recompute == "none" else recompute)
+    opts = Options(loss="loss", optimizer=optim.AdamW(lr=1e-5, master=master, moments=moments),
+                   kinds=CPU.kinds, checkpoint=None if recompute == "none" else recompute,
+                   precision=precision)
     t0 = time.perf_counter()
     st = run_pipeline(g, opts)
     gen, _ = CPU.generate(CPU, st.kernels, st.memory)     # no instance: nothing configured
@@ -63,11 +64,14 @@ def main():
                  ("vocab", 128256), ("ctx", 512), ("top", 12)):
         p.add_argument(f"--{k}", type=int, default=v)
     p.add_argument("--recompute", default="none,sqrt")
+    p.add_argument("--precision", default="f32", choices=("f32", "bf16", "f16"))
+    p.add_argument("--master", default="f32", choices=("f32", "bf16"))
+    p.add_argument("--moments", default="f32", choices=("f32", "bf16"))
     a = p.parse_args()
     cfg = LlamaConfig(vocab=a.vocab, dim=a.dim, layers=a.layers, heads=a.heads,
                       kv_heads=a.kv_heads, ff=a.ff, ctx=a.ctx, tied=True)
     for r in a.recompute.split(","):
-        report(*plan(cfg, a.ctx, r), r, a.top)
+        report(*plan(cfg, a.ctx, r, a.precision, a.master, a.moments), r, a.top)
 
 
 if __name__ == "__main__":

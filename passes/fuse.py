@@ -224,8 +224,6 @@ def _join_elementwise(gr, n):
             continue
         kind = gr.groups[gids[0]]["kind"]
         anchor = gr.groups[gids[0]]["anchor"]
-        if kind == "gemm" and n.type.dtype != gr.g.nodes[anchor].type.dtype:
-            continue
         members = [n.id] + [m for gid in gids for m in gr.groups[gid]["members"]]
         if kind == "rows" and not _rows_ok(gr, members, shape):
             continue

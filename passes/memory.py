@@ -104,13 +104,31 @@ def _same_iteration(kg, r, uid, pid):
     """True if r, a member of update uid's kernel, reads param pid only in the loop iteration
     that writes the same element: an elementwise kernel loads its operands at the start of each
     iteration, so a member over the param's own shape (a guarded update's candidate, say)
-    never sees a value the iteration wrote."""
+    never sees a value the iteration wrote. A gemm kernel's epilogue is such a loop, and
+    its GEMMs and their prologue have read everything they read before it starts."""
     g = kg.graph
     kernel = next(k for k in kg.kernels if uid in k.nodes)
     shape = g.nodes[pid].type.shape
-    return kernel.kind == "elementwise" and g.nodes[r].type.shape == shape and \
+    if kernel.kind == "gemm" and (r == kernel.anchor or r in _gemm_inputs(g, kernel)):
+        return uid not in _gemm_inputs(g, kernel)     # read before the epilogue writes
+    return kernel.kind in ("elementwise", "gemm") and g.nodes[r].type.shape == shape and \
         g.nodes[uid].type.shape == shape and \
         all(g.nodes[i].type.shape == shape for i in g.nodes[r].inputs if base(g, i) == pid)
+
+
+def _gemm_inputs(g, kernel) -> set:
+    """The members of gemm kernel `kernel` its GEMMs read, directly or through other members
+    (its prologue): all of them run before the epilogue, the loop over the product after the
+    GEMMs, which reads each operand's element in the iteration that writes it."""
+    mem = set(kernel.nodes)
+    todo = [kernel.anchor, *(m for m, _ in kernel.accumulate)]
+    out = set()
+    while todo:
+        for i in g.nodes[todo.pop()].inputs:
+            if i in mem and i not in out:
+                out.add(i)
+                todo.append(i)
+    return out
 
 
 PAGE = 4096     # bytes; the unit in which a file's pages can be mapped into the region

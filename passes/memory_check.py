@@ -177,6 +177,20 @@ def _check_arena(g, kg, plan, span):
                 reach = v
 
 
+def _before_epilogue(g, kernel) -> set:
+    """A gemm kernel's GEMMs and the members they read (directly or through others): they run
+    before the loop over the product."""
+    mem = set(kernel.nodes)
+    out = {kernel.anchor, *(m for m, _ in kernel.accumulate)}
+    todo = list(out)
+    while todo:
+        for i in g.nodes[todo.pop()].inputs:
+            if i in mem and i not in out:
+                out.add(i)
+                todo.append(i)
+    return out
+
+
 def _check_persist(g, kg, plan, written, last):
     params = {s for s in plan.params.values()}
     assert len(params) == len(plan.params), "memory plan: two params share a slot"
@@ -193,10 +207,15 @@ def _check_persist(g, kg, plan, written, last):
         t = written[uid]
         readers = [m for m in kg.kernels[t].nodes
                    if any(_root(g, i) == pid for i in g.nodes[m].inputs)]
-        # every reader in the writing kernel loads the element the same iteration writes
+        # every reader in the writing kernel loads the element the same iteration writes (a
+        # gemm kernel's GEMMs and their prologue read before its epilogue's loop runs)
         ptype = g.nodes[pid].type
-        same_kernel = (readers == [uid] or kg.kernels[t].kind == "elementwise") and \
-            all(_kind(g, m) == "elementwise" and g.nodes[m].type.shape == ptype.shape and
+        kern = kg.kernels[t]
+        before = _before_epilogue(g, kern) if kern.kind == "gemm" else set()
+        same_kernel = (readers == [uid] or kern.kind in ("elementwise", "gemm")) and \
+            uid not in before and \
+            all(m in before or
+                _kind(g, m) == "elementwise" and g.nodes[m].type.shape == ptype.shape and
                 all(g.nodes[i].type == ptype for i in g.nodes[m].inputs if _root(g, i) == pid)
                 for m in readers)
         # or the update alone reads it, as the operand its op takes the buffer of (OpDef.inplace)

@@ -39,3 +39,18 @@ def test_the_arena_of_bf16_masters_holds_no_weight_copies():
     f32, bf16 = _plan("f32", "f32").memory.arena_bytes, _plan("bf16", "bf16").memory.arena_bytes
     tied = 4 * CFG.vocab * CFG.dim          # the largest param's f32 bytes
     assert bf16 <= f32 + 4 * tied, (f32, bf16, tied)
+
+
+def test_bf16_moments_update_in_place_in_the_gemm_epilogues():
+    """The casts of the new moments to bf16 join the weight gradient's GEMM epilogue (an
+    epilogue may store a half output) and write into the moments' own buffers: no moment is
+    copied at the end of the step, as with f32 moments."""
+    for moments in ("f32", "bf16"):
+        st = _plan("f32", moments)
+        g, kg = st.graph, st.kernels
+        moment = [k for k in g.params if k.startswith(("opt/m/", "opt/v/"))]
+        assert moment and set(moment) <= set(st.memory.inplace), \
+            (moments, sorted(set(moment) - set(st.memory.inplace)))
+        where = {m: k for k in kg.kernels for m in k.nodes}
+        in_gemm = [k for k in moment if where[st.memory.inplace[k]].kind == "gemm"]
+        assert in_gemm, (moments, [where[st.memory.inplace[k]].kind for k in moment])
