@@ -24,7 +24,7 @@ GIB = 1 << 30
 
 
 def plan(cfg, ctx, recompute, precision="f32", master="f32", moments="f32"):
-    g = llama_forward(cfg, 1, ctx, labels=True)
+    g = llama_forward(cfg, 1, ctx, labels=True, logits=False)
     opts = Options(loss="loss", optimizer=optim.AdamW(lr=1e-5, master=master, moments=moments),
                    kinds=CPU.kinds, checkpoint=None if recompute == "none" else recompute,
                    precision=precision)

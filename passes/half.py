@@ -86,4 +86,52 @@ def compute_in_f32(graph):
         return nid
 
     out, _ = rebuild(graph, rule)
+    out, count["stored"] = weights_read_stored(out)
     return out, Report("half", dict(count))
+
+
+# The contraction length from which a GEMM reads a half weight tile by tile (lib.qgemm: each
+# tile converted as it is used) as fast as OpenBLAS's sgemm reads its f32 copy (bench/README.md,
+# 2026-12-06 "half weights read as stored"); below it the conversion of each tile costs more
+# than the whole copy's.
+STORED_MIN_K = 512
+
+
+def weights_read_stored(graph):
+    """(graph, count): a matmul whose weight operand (its storage position, OpDef.storage) is
+    the f32 cast of a half leaf (a bf16 master weight), read by that matmul alone, with a
+    contraction of STORED_MIN_K or more, reads the half leaf itself, as it reads a frozen
+    weight in its file's type: the GEMM converts tiles as it goes instead of writing an f32
+    copy of the whole weight first (scratch space the size of the largest such weight: 1 GB
+    for a 1B model's tied embedding). The value is the same (the cast is exact)."""
+    users = {}
+    for n in graph.nodes:
+        for i in dict.fromkeys(n.inputs):
+            users[i] = users.get(i, 0) + 1
+    outs = set(graph.outputs.values())
+
+    def stored(n):
+        if n.op != "matmul" or n.attr["ta"] or n.type.dtype != "f32":
+            return None
+        c = graph.nodes[n.inputs[1]]
+        if c.op != "cast" or users.get(c.id) != 1 or c.id in outs or c.type.ndim != 2:
+            return None
+        src = graph.nodes[c.inputs[0]]
+        k = c.type.shape[1] if n.attr["tb"] else c.type.shape[0]
+        ok = src.op in LEAF_OPS and src.type.is_half and k >= STORED_MIN_K
+        return src.id if ok else None
+
+    made = {n.id: s for n in graph.nodes if (s := stored(n)) is not None}
+    if not made:
+        return graph, 0
+
+    dropped = {graph.nodes[m].inputs[1] for m in made}       # the casts, read by nothing now
+
+    def rule(g, n, new):
+        if n.id in dropped:
+            return None
+        if n.id in made:
+            return copy_node(g, n, {**new, n.inputs[1]: new[made[n.id]]})
+        return copy_node(g, n, new)
+
+    return rebuild(graph, rule)[0], len(made)

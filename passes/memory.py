@@ -19,7 +19,9 @@ Arena plan (`reuse=True`), over the kernel order of passes/fuse.py:
      overwritten, inputs never written. Chains of such kernels share one buffer;
   2b. a GEMM whose product one add reads, with an operand dying there (the tied embedding's
      gradient): the sum takes that operand's slot, and the backend accumulates the GEMM into
-     it (`MemoryPlan.sums`) instead of carrying the product in scratch space;
+     it (`MemoryPlan.sums`) instead of carrying the product in scratch space; the one value
+     of that type the kernel's epilogue stores then takes the same buffer (the f32 update of
+     a bf16 master weight over the tied embedding's gradient);
   3. offsets: buffers (a chain is one buffer, live over the union of its values) are placed
      largest first, each at the lowest-waste gap among the already placed buffers it is live
      with (greedy by size, best fit).
@@ -233,6 +235,24 @@ def _gemm_sum(kg, kernel, t, ivs, kept):
     return m.id, x
 
 
+def _over_sum(kg, kernel, t, ivs, kept):
+    """(value, operand) when the epilogue of gemm `kernel`, accumulating into a dying operand's
+    buffer (_gemm_sum), stores one value of that operand's exact type: the value takes the
+    buffer too. The epilogue's loop reads element i of the sum before it stores element i of
+    anything, and nothing else reads the sum (a bf16 master weight's update: its f32 value
+    over the tied embedding's gradient, vocab x dim each). None otherwise."""
+    found = _gemm_sum(kg, kernel, t, ivs, kept)
+    if found is None:
+        return None
+    g, (total, x) = kg.graph, found
+    outs = [o for o in kg.outputs_of(kernel) if o in ivs]
+    if len(outs) != 1 or outs[0] in kept or outs[0] in (total, x) or \
+            g.nodes[outs[0]].type != g.nodes[x].type or \
+            op_kind(g.nodes[outs[0]].op) != "elementwise":
+        return None
+    return outs[0], x
+
+
 def _pack(sizes, starts, ends):
     """Offsets for buffers live over [start, end] steps: largest first, each in the smallest
     gap that fits among the placed buffers live at the same time (else on top of them)."""
@@ -317,6 +337,10 @@ def plan_memory(kg, params=None, reuse=True, page_offsets=None):
             if b is not None and k.root not in grads.values():
                 reuses[k.root] = b
                 owner[k.root] = owner[b]
+            u = _over_sum(kg, k, t, ivs, kept | set(grads.values()))
+            if u is not None:
+                reuses[u[0]] = u[1]
+                owner[u[0]] = owner[u[1]]
     chains = {}
     for nid in sorted(ivs, key=lambda i: ivs[i]):
         chains.setdefault(owner[nid], []).append(nid)

@@ -6,7 +6,8 @@ the start of the step) to the last kernel that reads it or a view of it (outputs
 copied into params: to the end of the step). Two live values may share bytes only as an
 in-place reuse the backends support: the same slot, the root of an all-elementwise kernel over
 an operand of exactly its type that the kernel reads last and that is no output or update, or
-a GEMM's sum (an add of its product) accumulated into such an operand (MemoryPlan.sums).
+a GEMM's sum (an add of its product) accumulated into such an operand (MemoryPlan.sums), and
+the one value of that operand's type the GEMM's epilogue stores over that sum.
 A param's slot may take its update only after the param's last read, or in that last reading
 kernel when the update alone reads it there, elementwise and without broadcasting it, or as the
 operand whose buffer its op may take (OpDef.inplace: set_rows); and the param must be no output.
@@ -148,6 +149,21 @@ def _sum_ok(g, kg, plan, old, new, span):
         g.nodes[old].type == g.nodes[p].type == n.type
 
 
+def _over_sum_ok(g, kg, plan, old, new, span):
+    """May `new` share `old`'s bytes as the value a gemm kernel's epilogue stores over the sum it
+    accumulated into `old` (MemoryPlan.sums)? `new` is written by that kernel, of old's exact
+    type, no output or update; the loop reads element i of the sum before storing element i."""
+    t = span[new][0]
+    k = kg.kernels[t]
+    if k.kind != "gemm" or plan.slots[old] != plan.slots[new] or span[old][1] != t or \
+            new not in k.nodes or old not in plan.sums.values() or \
+            g.nodes[new].type != g.nodes[old].type or _kind(g, new) != "elementwise":
+        return False
+    total = next(s for s, o in plan.sums.items() if o == old)
+    kept = {_root(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
+    return total in k.nodes and _sum_ok(g, kg, plan, old, total, span) and new not in kept
+
+
 def _check_arena(g, kg, plan, span):
     """Sweep the steps; at each, sort the live values by offset and compare neighbours."""
     n = max((e for _, e in span.values()), default=-1) + 1
@@ -169,7 +185,9 @@ def _check_arena(g, kg, plan, span):
                     assert _inplace_ok(g, kg, plan, reach, v, span) or \
                         _inplace_ok(g, kg, plan, v, reach, span) or \
                         _sum_ok(g, kg, plan, reach, v, span) or \
-                        _sum_ok(g, kg, plan, v, reach, span), \
+                        _sum_ok(g, kg, plan, v, reach, span) or \
+                        _over_sum_ok(g, kg, plan, reach, v, span) or \
+                        _over_sum_ok(g, kg, plan, v, reach, span), \
                         f"memory plan: {g.label(reach)} {sr} live {span[reach]} and " \
                         f"{g.label(v)} {sv} live {span[v]} overlap"
             if reach is None or sv.offset + sv.nbytes > plan.slots[reach].offset + \

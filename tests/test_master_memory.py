@@ -1,6 +1,8 @@
 """bf16 master weights and moments in the memory plan: the f32 value of a stored param is cast
 by each of its readers (passes/half.py leaf_casts_per_reader), so no f32 copy of a whole weight
 stays live from the forward pass to the backward."""
+import pytest
+
 from jitgraph import optim
 from jitgraph.models.llama import LlamaConfig, llama_forward
 from jitgraph.passes.pipeline import Options, run_pipeline
@@ -54,3 +56,86 @@ def test_bf16_moments_update_in_place_in_the_gemm_epilogues():
         where = {m: k for k in kg.kernels for m in k.nodes}
         in_gemm = [k for k in moment if where[st.memory.inplace[k]].kind == "gemm"]
         assert in_gemm, (moments, [where[st.memory.inplace[k]].kind for k in moment])
+
+
+def _tied_lm():
+    """An embedding table also used as the output projection (a tied embedding): its gradient
+    is get_rows' scatter plus the output GEMM's product, summed in place."""
+    import jitgraph as jg
+    g = jg.Graph("tied")
+    tok, lab = g.input("tok", (24,), "i32"), g.input("lab", (24,), "i32")
+    emb = g.param("emb", (40, 64), init=jg.init.normal(0.0, 0.5))
+    w = g.param("w", (64, 64), init=jg.init.normal(0.0, 0.2))
+    h = jg.ops.get_rows(emb, tok)
+    h = jg.relu(h @ w) + h
+    g.output(loss=jg.cross_entropy(jg.ops.matmul(h, emb, tb=True), lab))
+    return g
+
+
+def test_the_update_of_a_tied_bf16_master_weight_overwrites_its_summed_gradient():
+    """The f32 update of the tied weight (read by the stochastic rounding that stores it as
+    bf16) takes the buffer of its gradient, the GEMM's product accumulated into get_rows'
+    scatter, which the same epilogue reads: the program computes what the naive plan (no
+    shared buffers) and the interpreter compute."""
+    import numpy as np
+    import jitgraph as jg
+    from jitgraph import interp
+    from jitgraph.half import to_f32
+    g = _tied_lm()
+    opt = jg.optim.AdamW(lr=1e-2, master="bf16", moments="bf16", seed=3)
+    prog = jg.compile(g, loss="loss", optimizer=opt)
+    naive = jg.compile(g, loss="loss", optimizer=opt, plan_memory=False)
+    mem, gg = prog._products.memory, prog._products.kernels.graph
+    ops = {gg.nodes[u].op: gg.nodes[b].op for u, b in mem.reuses.items()}
+    assert mem.sums and ops.get("adam_step") == "get_rows_back", ops
+    tg = jg.training_graph(g, loss="loss", optimizer=opt)
+    state = tg.init_params(0)
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        feeds = dict(tok=rng.integers(0, 40, 24).astype(np.int32),
+                     lab=rng.integers(0, 40, 24).astype(np.int32))
+        ref = interp.run(tg, {**feeds, **opt.runtime_inputs(i)}, state)
+        a, b = prog.step(**feeds)["loss"], naive.step(**feeds)["loss"]
+        assert a == b, (i, a, b)
+        np.testing.assert_allclose(a, ref["loss"], rtol=1e-3)
+    for k in ("emb", "w"):
+        np.testing.assert_array_equal(prog.params[k], naive.params[k])
+        # stochastic rounding of f32 values computed in another order: one bf16 step at most
+        np.testing.assert_allclose(to_f32(prog.params[k], "bf16"), to_f32(state[k], "bf16"),
+                                   rtol=2 ** -6, atol=1e-6)
+
+
+@pytest.mark.parametrize("tb", [False, True])
+def test_a_long_contraction_reads_the_bf16_master_weight_as_stored(tb):
+    """x @ w with w a bf16 master weight and a contraction of STORED_MIN_K: the GEMM reads the
+    bf16 weight tile by tile (no f32 copy of it in scratch space); short contractions keep the
+    cast. Both train as the interpreter does."""
+    import numpy as np
+    import jitgraph as jg
+    from jitgraph import interp
+    from jitgraph.half import to_f32
+    from passes.half import STORED_MIN_K
+    for k in (STORED_MIN_K, 64):
+        g = jg.Graph("long")
+        x, y = g.input("x", (8, k)), g.input("y", (8,), "i32")
+        w = g.param("w", (24, k) if tb else (k, 24), init=jg.init.normal(0.0, 0.05))
+        g.output(loss=jg.cross_entropy(jg.ops.matmul(x, w, tb=tb), y))
+        opt = jg.optim.AdamW(lr=1e-2, master="bf16", seed=1)
+        prog = jg.compile(g, loss="loss", optimizer=opt)
+        gg = prog._products.kernels.graph
+        mm = [n for n in gg.nodes if n.op == "matmul" and n.id in prog._products.kernels.live
+              and not n.attr["ta"]]
+        reads = {gg.nodes[n.inputs[1]].op for n in mm}
+        assert reads == ({"param"} if k >= STORED_MIN_K else {"cast"}), (k, reads)
+        tg = jg.training_graph(g, loss="loss", optimizer=opt)
+        state = tg.init_params(0)
+        rng = np.random.default_rng(2)
+        for i in range(3):
+            feeds = dict(x=rng.standard_normal((8, k)).astype(np.float32),
+                         y=rng.integers(0, 24, 8).astype(np.int32))
+            ref = interp.run(tg, {**feeds, **opt.runtime_inputs(i)}, state)
+            np.testing.assert_allclose(prog.step(**feeds)["loss"], ref["loss"], rtol=1e-4)
+        # stochastic rounding of f32 values computed in another order: a bf16 step or two,
+        # or (a gradient near 0 whose sign differs) a small part of Adam's step lr
+        np.testing.assert_allclose(to_f32(prog.params["w"], "bf16"), to_f32(state["w"], "bf16"),
+                                   rtol=2 ** -6, atol=1e-3)

@@ -313,11 +313,15 @@ def _attention(g, cfg, p, x, pos, batch, seq, dtype, kv_f16, freqs):
 
 def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
                   name: str = "llama", labels: bool = False, kv_f16: bool = False,
-                  correct: bool = False) -> Graph:
+                  correct: bool = False, logits: bool = True) -> Graph:
     """The forward graph: inputs tokens i32[batch, seq], pos i32[seq]; output logits
     f32[batch, seq, vocab]. labels=True adds input labels i32[batch, seq] and output loss (mean
     cross-entropy of the next-token predictions) for training; correct=True (with labels) the
     output correct, how many argmax predictions equal their label (ggml-opt's accuracy).
+    logits=False (with labels) leaves the logits out of the outputs: a training step that
+    reads only the loss needs no output buffer for them, and their buffer can be reused as
+    soon as the loss and its gradient are computed (batch x seq x vocab f32: 250 MB for a 1B
+    model's 128,256 tokens at ctx 512).
 
     kv_f16=True reproduces llama.cpp's default F16 KV cache: K and V are rounded to float16, and
     so are the queries and the softmax probabilities, which ggml converts to F16 to multiply them
@@ -341,13 +345,16 @@ def llama_forward(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
         h = h + ffn(g, cfg, p, x, dtype)
     h = ops.rms_norm(h, _w(g, "output_norm.weight", (d,), dtype), eps=cfg.rms_eps)
     out_w = embd if cfg.tied else _w(g, "output.weight", (cfg.vocab, d), dtype)
-    logits = ops.matmul(h, out_w, tb=True)                           # [B*S, vocab]
-    outs = {"logits": ops.reshape(logits, (batch, seq, cfg.vocab))}
+    lg = ops.matmul(h, out_w, tb=True)                               # [B*S, vocab]
+    if not labels and not logits:
+        raise ValueError("llama_forward: logits=False needs labels=True (the loss is then the "
+                         "only output)")
+    outs = {"logits": ops.reshape(lg, (batch, seq, cfg.vocab))} if logits else {}
     if labels:
         lab = ops.reshape(g.input("labels", (batch, seq), "i32"), (rows,))
-        outs["loss"] = ops.cross_entropy(logits, lab)
+        outs["loss"] = ops.cross_entropy(lg, lab)
         if correct:
-            outs["correct"] = ops.count_equal(ops.argmax(logits, -1), lab)
+            outs["correct"] = ops.count_equal(ops.argmax(lg, -1), lab)
     g.output(**outs)
     return g
 
