@@ -16,7 +16,9 @@ Arena plan (`reuse=True`), over the kernel order of passes/fuse.py:
   2. in-place reuse: an elementwise kernel's root takes the buffer of an operand that dies in
      that kernel when it has the root's exact type (the generated loop reads element i of every
      full-shape operand before it writes element i); outputs and update sources are never
-     overwritten, inputs never written. Chains of such kernels share one buffer;
+     overwritten, inputs never written. Chains of such kernels share one buffer. So does a
+     paired kernel's root and its first operand (cross_entropy_back over the logits it dies
+     with: the kernels read a row before they write its gradient);
   2b. a GEMM whose product one add reads, with an operand dying there (the tied embedding's
      gradient): the sum takes that operand's slot, and the backend accumulates the GEMM into
      it (`MemoryPlan.sums`) instead of carrying the product in scratch space; the one value
@@ -193,6 +195,8 @@ def _inplace_operand(kg, kernel, t, ivs, kept):
     only an operand every member reads with the root's exact type (no broadcasting)."""
     g = kg.graph
     root = g.nodes[kernel.root]
+    if kernel.kind == get_op(root.op).pairs_with and len(kernel.nodes) > 1:
+        return _paired_operand(kg, kernel, t, ivs, kept)
     if any(op_kind(g.nodes[m].op) != "elementwise" for m in kernel.nodes) or \
             tuple(kg.outputs_of(kernel)) != (kernel.root,) or kernel.root not in ivs:
         return None
@@ -206,6 +210,22 @@ def _inplace_operand(kg, kernel, t, ivs, kept):
         if ok and b in ivs and ivs[b][1] == t and b not in kept:
             return b
     return None
+
+
+def _paired_operand(kg, kernel, t, ivs, kept):
+    """The first operand of a paired kernel's root (cross_entropy_back with its cross_entropy:
+    the logits) when the root, of its exact type, may take its buffer: it dies here and is no
+    output or update. The kernels read a row's logits (its maximum, its sum of exponentials,
+    the label's logit) before they write that row's gradient, element i of the row read
+    before element i is written."""
+    g = kg.graph
+    root = g.nodes[kernel.root]
+    x = root.inputs[0]
+    if kernel.root not in ivs or base(g, x) != x or x not in ivs or ivs[x][1] != t or \
+            x in kept or g.nodes[x].type != root.type or \
+            any(i == x for m in kernel.nodes for i in g.nodes[m].inputs[1:]):
+        return None
+    return x
 
 
 def _gemm_sum(kg, kernel, t, ivs, kept):

@@ -7,7 +7,8 @@ copied into params: to the end of the step). Two live values may share bytes onl
 in-place reuse the backends support: the same slot, the root of an all-elementwise kernel over
 an operand of exactly its type that the kernel reads last and that is no output or update, or
 a GEMM's sum (an add of its product) accumulated into such an operand (MemoryPlan.sums), and
-the one value of that operand's type the GEMM's epilogue stores over that sum.
+the one value of that operand's type the GEMM's epilogue stores over that sum, and a paired
+kernel's root (cross_entropy_back) over its first operand (the logits) dying there.
 A param's slot may take its update only after the param's last read, or in that last reading
 kernel when the update alone reads it there, elementwise and without broadcasting it, or as the
 operand whose buffer its op may take (OpDef.inplace: set_rows); and the param must be no output.
@@ -149,6 +150,22 @@ def _sum_ok(g, kg, plan, old, new, span):
         g.nodes[old].type == g.nodes[p].type == n.type
 
 
+def _paired_ok(g, kg, plan, old, new, span):
+    """May `new` share `old`'s bytes as the root of a paired kernel (cross_entropy_back in the
+    kernel of its cross_entropy) over its first operand, which dies there, of its exact type,
+    no output or update, read by the kernel's members as their first operand only?"""
+    t = span[new][0]
+    k = kg.kernels[t]
+    n = g.nodes[new]
+    if _kind(g, new) in ("leaf", "view") or k.kind != get_op(n.op).pairs_with or \
+            k.nodes[-1] != new or plan.slots[old] != plan.slots[new] or span[old][1] != t or \
+            not n.inputs or n.inputs[0] != old or g.nodes[old].type != n.type:
+        return False
+    kept = {_root(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
+    return old not in kept and \
+        not any(_root(g, i) == old for m in k.nodes for i in g.nodes[m].inputs[1:])
+
+
 def _over_sum_ok(g, kg, plan, old, new, span):
     """May `new` share `old`'s bytes as the value a gemm kernel's epilogue stores over the sum it
     accumulated into `old` (MemoryPlan.sums)? `new` is written by that kernel, of old's exact
@@ -187,7 +204,9 @@ def _check_arena(g, kg, plan, span):
                         _sum_ok(g, kg, plan, reach, v, span) or \
                         _sum_ok(g, kg, plan, v, reach, span) or \
                         _over_sum_ok(g, kg, plan, reach, v, span) or \
-                        _over_sum_ok(g, kg, plan, v, reach, span), \
+                        _over_sum_ok(g, kg, plan, v, reach, span) or \
+                        _paired_ok(g, kg, plan, reach, v, span) or \
+                        _paired_ok(g, kg, plan, v, reach, span), \
                         f"memory plan: {g.label(reach)} {sr} live {span[reach]} and " \
                         f"{g.label(v)} {sv} live {span[v]} overlap"
             if reach is None or sv.offset + sv.nbytes > plan.slots[reach].offset + \

@@ -73,12 +73,26 @@ def _order(kg) -> list:
                              {t for t in readers.get(g.params[name], ()) if t < w}))
     kept = {base(g, i) for i in list(g.outputs.values()) + list(g.updates.values())}
 
+    def makes(t):
+        return sum(g.nodes[o].type.nbytes for o in kg.outputs_of(ks[t])
+                   if o not in updates and g.nodes[o].type.nbytes > SMALL)
+
+    def passed_on(o, t):
+        """Whether output o of kernel t dies in the next step: every reader of o becomes
+        ready once t has run and allocates nothing (a bf16 master weight's f32 update, read
+        by the stochastic rounding that writes it into the param)."""
+        rs = readers.get(o, ())
+        return bool(rs) and o not in kept and all(
+            deps[r] <= done | {t} and makes(r) == 0 and
+            all(rd <= done | {t} for _, rd in early[r]) for r in rs)
+
     def net(t, made=0):
         freed = sum(g.nodes[b].type.nbytes for b in reads[t]
                     if readers[b] == {t} and b not in kept and g.nodes[b].op not in LEAF_OPS and
                     g.nodes[b].type.nbytes > SMALL)
         made += sum(g.nodes[o].type.nbytes for o in kg.outputs_of(ks[t])
-                    if o not in updates and g.nodes[o].type.nbytes > SMALL)
+                    if o not in updates and g.nodes[o].type.nbytes > SMALL and
+                    not passed_on(o, t))
         return freed - made, made
 
     pending, done, order = list(range(len(ks))), set(), []

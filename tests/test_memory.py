@@ -462,3 +462,34 @@ def test_a_tied_weights_gradient_is_summed_where_its_scatter_lies():
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
     for k in prog.params:
         np.testing.assert_allclose(prog.params[k], state[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("labels", [True, False])
+def test_the_loss_gradient_takes_the_logits_buffer(labels):
+    """Logits read by the loss alone die in the kernel computing the loss and its gradient
+    (cross_entropy with cross_entropy_back): the gradient is planned into their buffer and the
+    steps are those of the naive plan (no shared buffers) and of the interpreter."""
+    g = jg.Graph("ce_inplace")
+    x = g.input("x", (16, 24))
+    t = g.input("y", (16,), "i32") if labels else jg.softmax(g.input("t", (16, 40)))
+    w = g.param("w", (24, 40), init=jg.init.normal(0.0, 0.3))
+    g.output(loss=jg.cross_entropy(x @ w, t))
+    opt = jg.optim.SGD(lr=0.5)
+    prog = jg.compile(g, loss="loss", optimizer=opt)
+    naive = jg.compile(g, loss="loss", optimizer=opt, plan_memory=False)
+    mem, gg = prog._products.memory, prog._products.kernels.graph
+    assert {gg.nodes[u].op: gg.nodes[b].op for u, b in mem.reuses.items()}.get(
+        "cross_entropy_back") == "matmul", mem.reuses
+    tg = jg.training_graph(g, loss="loss", optimizer=opt)
+    state = tg.init_params(0)
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        feeds = {"x": rng.standard_normal((16, 24)).astype(np.float32)}
+        feeds.update({"y": rng.integers(0, 40, 16).astype(np.int32)} if labels else
+                     {"t": rng.standard_normal((16, 40)).astype(np.float32)})
+        ref = jg.interp.run(tg, {**feeds, **opt.runtime_inputs(i)}, state)
+        a, b = prog.step(**feeds)["loss"], naive.step(**feeds)["loss"]
+        assert a == b
+        np.testing.assert_allclose(a, ref["loss"], rtol=1e-5)
+    np.testing.assert_array_equal(prog.params["w"], naive.params["w"])
+    np.testing.assert_allclose(prog.params["w"], state["w"], rtol=1e-4, atol=1e-6)

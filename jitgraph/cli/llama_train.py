@@ -1012,7 +1012,7 @@ def _train_llama(args, world):
               f"{len(split.train):,} + {len(split.val):,} tokens")
     note_unsaved(args, not getattr(args, "rank", 0))
     local = args.batch_size if world is None else world.local_batch(args.batch_size)
-    graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_train", logits=False)
+    graph = llama_forward(cfg, local, args.ctx, labels=True, name="llama_train")
     prog, acc, compile_s, trainer = _build(
         args, graph, "llama", world,
         lambda prog, acc: LMTrainer(prog, train_w, val_w, batch_size=args.batch_size,
