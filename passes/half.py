@@ -28,17 +28,19 @@ def _touches_half(graph, n) -> bool:
 
 
 def leaf_casts_per_reader(graph):
-    """(graph, count): each cast of a half leaf (a bf16 master weight, bf16 moments) that
-    several nodes read becomes one cast per reader, as the casts below are made: each joins
-    its reader's kernel (a GEMM's prologue, an update's epilogue) instead of writing an f32
-    copy of the whole param that stays live from the forward to the backward. (Earlier passes
-    made one per leaf: common subexpressions are merged there.)"""
+    """(graph, count): each cast of a half leaf (a bf16 master weight, bf16 moments) or of a
+    leaf to a half type (an f32 weight's bf16 copy in mixed precision) that several nodes read
+    becomes one cast per reader, as the casts below are made: each joins its reader's kernel (a
+    GEMM's prologue, an update's epilogue) or dies right after it, instead of writing a copy of
+    the whole param that stays live from the forward to the backward. (Earlier passes made one
+    per leaf: common subexpressions are merged there.)"""
     users = {}
     for n in graph.nodes:
         for i in dict.fromkeys(n.inputs):
             users[i] = users.get(i, 0) + 1
     shared = {n.id for n in graph.nodes if n.op == "cast" and users.get(n.id, 0) > 1 and
-              graph.nodes[n.inputs[0]].op in LEAF_OPS and graph.nodes[n.inputs[0]].type.is_half}
+              graph.nodes[n.inputs[0]].op in LEAF_OPS and
+              (graph.nodes[n.inputs[0]].type.is_half or n.type.is_half)}
     if not shared or any(i in shared for i in graph.outputs.values()):
         return graph, 0
     made = [0]
@@ -99,11 +101,12 @@ STORED_MIN_K = 512
 
 def weights_read_stored(graph):
     """(graph, count): a matmul whose weight operand (its storage position, OpDef.storage) is
-    the f32 cast of a half leaf (a bf16 master weight), read by that matmul alone, with a
-    contraction of STORED_MIN_K or more, reads the half leaf itself, as it reads a frozen
-    weight in its file's type: the GEMM converts tiles as it goes instead of writing an f32
-    copy of the whole weight first (scratch space the size of the largest such weight: 1 GB
-    for a 1B model's tied embedding). The value is the same (the cast is exact)."""
+    the f32 cast of a half value (a bf16 master weight, an f32 weight's bf16 copy in mixed
+    precision), read by that matmul alone, with a contraction of STORED_MIN_K or more, reads
+    the half value itself, as it reads a frozen weight in its file's type: the GEMM converts
+    tiles as it goes instead of writing an f32 copy of the whole operand first (scratch space
+    the size of the largest such weight: 1 GB for a 1B model's tied embedding). The value is
+    the same (the cast is exact)."""
     users = {}
     for n in graph.nodes:
         for i in dict.fromkeys(n.inputs):
@@ -118,7 +121,7 @@ def weights_read_stored(graph):
             return None
         src = graph.nodes[c.inputs[0]]
         k = c.type.shape[1] if n.attr["tb"] else c.type.shape[0]
-        ok = src.op in LEAF_OPS and src.type.is_half and k >= STORED_MIN_K
+        ok = src.type.is_half and k >= STORED_MIN_K
         return src.id if ok else None
 
     made = {n.id: s for n in graph.nodes if (s := stored(n)) is not None}
