@@ -386,11 +386,13 @@ def rows(g, kernel, inlined, slot_of, rule):
 
 
 # ---- cross_entropy with its backward --------------------------------------------------------------
-def cross_entropy(g, kernel, inlined):
+def cross_entropy(g, kernel, inlined, slot_of=None):
     """Loss and gradient in one pass over the logits: per row max, sum of exponentials, then the
-    loss term and softmax * sum(target) - target, times g / N."""
+    loss term and softmax * sum(target) - target, times g / N. The gradient planned into the
+    logits' buffer (passes/memory.py) is the logits' own array (one pointer: LLVM vectorises
+    the row loops without alias checks)."""
     fwd, back = (g.nodes[m] for m in kernel.nodes)
-    b = Builder(g, inlined)
+    b = Builder(g, inlined, slot_of)
     lg, tg, gg = (g.nodes[i] for i in back.inputs)
     N, C = lg.type.shape
     T = NP_DTYPE[lg.type.dtype]

@@ -43,8 +43,8 @@ def _library():
 class Library:
     """A hand-written kernel of runtime/cpu/library.py, called as
     `lib.<func>(operands..., out, [work], *params(n))`; `workspace(lib, shapes, n)`: scratch
-    elements it needs (shapes: the operands' and the result's); `paired(graph, kernel, inlined)`:
-    the Call running the kernel this op anchors with its `pairs_with` op. `func` is a name,
+    elements it needs (shapes: the operands' and the result's); `paired(graph, kernel, inlined,
+    slot_of)`: the Call running the kernel this op anchors with its `pairs_with` op. `func` is a name,
     or a callable node -> name where an op's optional operand picks another kernel."""
     func: str | Callable
     params: Callable = lambda n: []
@@ -63,7 +63,7 @@ class Library:
         return [Call(f"lib.{func}", args + [literal(p) for p in self.params(n)])]
 
     def kernel(self, graph, kg, kernel, slot_of):
-        return [self.paired(graph, kernel, kg.inlined)]
+        return [self.paired(graph, kernel, kg.inlined, slot_of)]
 
 
 @dataclass(frozen=True)
