@@ -92,17 +92,20 @@ def compute_in_f32(graph):
     return out, Report("half", dict(count))
 
 
-# The contraction length from which a GEMM reads a half weight tile by tile (lib.qgemm: each
-# tile converted as it is used) as fast as OpenBLAS's sgemm reads its f32 copy (bench/README.md,
-# 2026-12-06 "half weights read as stored"); below it the conversion of each tile costs more
-# than the whole copy's.
+# The contraction length and the output columns from which a GEMM reads a half weight tile by
+# tile (lib.qgemm: each tile converted as it is used) as fast as OpenBLAS's sgemm reads its f32
+# copy (bench/README.md, 2026-12-06, "the 1B full finetune with bf16 master weights and
+# moments, after the memory fixes"); below them (MNIST's 784 x 500, a 128-wide llama's) the
+# conversion of each tile costs more than the whole copy's.
 STORED_MIN_K = 512
+STORED_MIN_N = 1024
 
 
 def weights_read_stored(graph):
     """(graph, count): a matmul whose weight operand (its storage position, OpDef.storage) is
     the f32 cast of a half value (a bf16 master weight, an f32 weight's bf16 copy in mixed
-    precision), read by that matmul alone, with a contraction of STORED_MIN_K or more, reads
+    precision), read by that matmul alone, with a contraction of STORED_MIN_K or more and
+    STORED_MIN_N output columns or more, reads
     the half value itself, as it reads a frozen weight in its file's type: the GEMM converts
     tiles as it goes instead of writing an f32 copy of the whole operand first (scratch space
     the size of the largest such weight: 1 GB for a 1B model's tied embedding). The value is
@@ -120,8 +123,8 @@ def weights_read_stored(graph):
         if c.op != "cast" or users.get(c.id) != 1 or c.id in outs or c.type.ndim != 2:
             return None
         src = graph.nodes[c.inputs[0]]
-        k = c.type.shape[1] if n.attr["tb"] else c.type.shape[0]
-        ok = src.type.is_half and k >= STORED_MIN_K
+        k, cols = c.type.shape[::-1] if n.attr["tb"] else c.type.shape
+        ok = src.type.is_half and k >= STORED_MIN_K and cols >= STORED_MIN_N
         return src.id if ok else None
 
     made = {n.id: s for n in graph.nodes if (s := stored(n)) is not None}

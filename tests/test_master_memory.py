@@ -107,32 +107,33 @@ def test_the_update_of_a_tied_bf16_master_weight_overwrites_its_summed_gradient(
 
 @pytest.mark.parametrize("tb", [False, True])
 def test_a_long_contraction_reads_the_bf16_master_weight_as_stored(tb):
-    """x @ w with w a bf16 master weight and a contraction of STORED_MIN_K: the GEMM reads the
-    bf16 weight tile by tile (no f32 copy of it in scratch space); short contractions keep the
-    cast. Both train as the interpreter does."""
+    """x @ w with w a bf16 master weight, a contraction of STORED_MIN_K and STORED_MIN_N output
+    columns: the GEMM reads the bf16 weight tile by tile (no f32 copy of it in scratch space);
+    shorter contractions or fewer columns keep the cast. All train as the interpreter does."""
     import numpy as np
     import jitgraph as jg
     from jitgraph import interp
     from jitgraph.half import to_f32
-    from passes.half import STORED_MIN_K
-    for k in (STORED_MIN_K, 64):
+    from passes.half import STORED_MIN_K, STORED_MIN_N
+    for k, n in ((STORED_MIN_K, STORED_MIN_N), (64, STORED_MIN_N), (STORED_MIN_K, 24)):
         g = jg.Graph("long")
         x, y = g.input("x", (8, k)), g.input("y", (8,), "i32")
-        w = g.param("w", (24, k) if tb else (k, 24), init=jg.init.normal(0.0, 0.05))
+        w = g.param("w", (n, k) if tb else (k, n), init=jg.init.normal(0.0, 0.05))
         g.output(loss=jg.cross_entropy(jg.ops.matmul(x, w, tb=tb), y))
         opt = jg.optim.AdamW(lr=1e-2, master="bf16", seed=1)
         prog = jg.compile(g, loss="loss", optimizer=opt)
         gg = prog._products.kernels.graph
-        mm = [n for n in gg.nodes if n.op == "matmul" and n.id in prog._products.kernels.live
-              and not n.attr["ta"]]
-        reads = {gg.nodes[n.inputs[1]].op for n in mm}
-        assert reads == ({"param"} if k >= STORED_MIN_K else {"cast"}), (k, reads)
+        mm = [m for m in gg.nodes if m.op == "matmul" and m.id in prog._products.kernels.live
+              and not m.attr["ta"]]
+        reads = {gg.nodes[m.inputs[1]].op for m in mm}
+        stored = k >= STORED_MIN_K and n >= STORED_MIN_N
+        assert reads == ({"param"} if stored else {"cast"}), (k, n, reads)
         tg = jg.training_graph(g, loss="loss", optimizer=opt)
         state = tg.init_params(0)
         rng = np.random.default_rng(2)
         for i in range(3):
             feeds = dict(x=rng.standard_normal((8, k)).astype(np.float32),
-                         y=rng.integers(0, 24, 8).astype(np.int32))
+                         y=rng.integers(0, n, 8).astype(np.int32))
             ref = interp.run(tg, {**feeds, **opt.runtime_inputs(i)}, state)
             np.testing.assert_allclose(prog.step(**feeds)["loss"], ref["loss"], rtol=1e-4)
         # stochastic rounding of f32 values computed in another order: a bf16 step or two,
