@@ -6,6 +6,10 @@ alike; each one's arena (activations, gradients) and persistent bytes (params, o
 state), its median ms per step, and the host's sgemm rate before and after.
 
     python bench/precision_step.py [--rounds 15] [--steps 4] [--moments] [--master]
+        [--model llama|mnist] [--batch N]
+
+--model mnist times the MNIST-shaped MLP (784-500-10, bench/mlp_common.py) at --batch (default
+100) instead.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ def main(argv=None):
     p.add_argument("--moments", action="store_true", help="also bf16 with --moments bf16")
     p.add_argument("--master", action="store_true",
                    help="also bf16 with bf16 moments and bf16 master weights")
+    p.add_argument("--model", choices=("llama", "mnist"), default="llama")
+    p.add_argument("--batch", type=int, default=100, help="the MNIST MLP's batch")
     args = p.parse_args(argv)
 
     import jitgraph as jg
@@ -40,11 +46,15 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     toks = rng.integers(0, cfg.vocab, (16, 129)).astype(np.int32)
     feeds = dict(tokens=toks[:, :-1], pos=np.arange(128, dtype=np.int32), labels=toks[:, 1:])
+    graph = lambda: llama_forward(cfg, 16, 128, labels=True)           # noqa: E731
+    if args.model == "mnist":
+        from mlp_common import mnist_mlp, random_batch
+        feeds, graph = random_batch(args.batch), lambda: mnist_mlp(args.batch)   # noqa: E731
     progs = {}
     for prec, mom, master in runs:
         t0 = time.perf_counter()
         progs[(prec, mom, master)] = jg.compile(
-            llama_forward(cfg, 16, 128, labels=True), loss="loss",
+            graph(), loss="loss",
             optimizer=jg.optim.AdamW(lr=1e-3, weight_decay=0.0, moments=mom, master=master),
             precision=prec, copy_outputs=False)
         print(f"# compiled {prec} (moments {mom}, master {master}) in "
