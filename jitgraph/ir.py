@@ -304,6 +304,18 @@ def view_offset(graph: Graph, nid: int) -> int:
     return off
 
 
+def feeding(graph: Graph, roots, members) -> set:
+    """The nodes among `members` that `roots` read, directly or through other members (a
+    kernel's members feeding its GEMMs: their prologue)."""
+    mem, out, todo = set(members), set(), list(roots)
+    while todo:
+        for i in graph.nodes[todo.pop()].inputs:
+            if i in mem and i not in out:
+                out.add(i)
+                todo.append(i)
+    return out
+
+
 def live_nodes(graph: Graph, roots=None) -> frozenset:
     """Nodes reachable backwards from `roots` (default: the outputs and the updates)."""
     todo = list(graph.outputs.values()) + list(graph.updates.values()) if roots is None else \

@@ -44,7 +44,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from jitgraph.ir import LEAF_OPS, base, op_kind, view_offset
+from jitgraph.ir import LEAF_OPS, base, feeding, op_kind, view_offset
 from jitgraph.registry import get_op
 from jitgraph.plan import ALIGN, MemoryPlan, Slot
 
@@ -124,15 +124,7 @@ def _gemm_inputs(g, kernel) -> set:
     """The members of gemm kernel `kernel` its GEMMs read, directly or through other members
     (its prologue): all of them run before the epilogue, the loop over the product after the
     GEMMs, which reads each operand's element in the iteration that writes it."""
-    mem = set(kernel.nodes)
-    todo = [kernel.anchor, *(m for m, _ in kernel.accumulate)]
-    out = set()
-    while todo:
-        for i in g.nodes[todo.pop()].inputs:
-            if i in mem and i not in out:
-                out.add(i)
-                todo.append(i)
-    return out
+    return feeding(g, [kernel.anchor, *(m for m, _ in kernel.accumulate)], kernel.nodes)
 
 
 PAGE = 4096     # bytes; the unit in which a file's pages can be mapped into the region

@@ -20,7 +20,7 @@ Every slot must lie inside its region. Errors name the values, their slots and l
 """
 from __future__ import annotations
 
-from jitgraph.ir import LEAF_OPS, view_offset
+from jitgraph.ir import LEAF_OPS, feeding, view_offset
 from jitgraph.registry import get_op
 
 
@@ -217,15 +217,8 @@ def _check_arena(g, kg, plan, span):
 def _before_epilogue(g, kernel) -> set:
     """A gemm kernel's GEMMs and the members they read (directly or through others): they run
     before the loop over the product."""
-    mem = set(kernel.nodes)
-    out = {kernel.anchor, *(m for m, _ in kernel.accumulate)}
-    todo = list(out)
-    while todo:
-        for i in g.nodes[todo.pop()].inputs:
-            if i in mem and i not in out:
-                out.add(i)
-                todo.append(i)
-    return out
+    roots = {kernel.anchor, *(m for m, _ in kernel.accumulate)}
+    return roots | feeding(g, roots, kernel.nodes)
 
 
 def _check_persist(g, kg, plan, written, last):

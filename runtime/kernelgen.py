@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import re
 
+from jitgraph.ir import feeding as ir_feeding
+
 NP_DTYPE = {"f32": "np.float32", "f64": "np.float64", "i32": "np.int32",
             "f16": "np.uint16", "bf16": "np.uint16",    # a half value's 16 bits
             "u8": "np.uint8"}          # u8: the bytes of a block-typed value (types.STORAGE)
@@ -76,13 +78,7 @@ def batch_index(name, out_batch, batch, tmp=("j", "r")) -> list:
 
 def feeding(g, nid, members) -> set:
     """The members of a kernel that node `nid` reads, directly or through other members."""
-    mem, out, todo = set(members), set(), [nid]
-    while todo:
-        for i in g.nodes[todo.pop()].inputs:
-            if i in mem and i not in out:
-                out.add(i)
-                todo.append(i)
-    return out
+    return ir_feeding(g, [nid], members)
 
 
 # ---- elementwise --------------------------------------------------------------------------
