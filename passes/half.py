@@ -56,8 +56,15 @@ def leaf_casts_per_reader(graph):
     return rebuild(graph, rule)[0], made[0]
 
 
-def compute_in_f32(graph):
-    """(graph, Report): graph with its half-typed computing ops rewritten over f32."""
+# The backend kind (runtime/backend.py `kinds`) of a target whose GEMMs read a half weight tile
+# by tile (weights_read_stored): the CPU's lib.qgemm.
+KIND = "half_stored"
+
+
+def compute_in_f32(graph, kinds=None):
+    """(graph, Report): graph with its half-typed computing ops rewritten over f32. `kinds`:
+    the target's kernel kinds (None: every kind); with KIND among them long GEMMs read half
+    weights as stored (weights_read_stored)."""
     count = {"ops": 0, "casts": 0}
     graph, count["casts"] = leaf_casts_per_reader(graph)
     if not any(_touches_half(graph, n) for n in graph.nodes):
@@ -88,7 +95,8 @@ def compute_in_f32(graph):
         return nid
 
     out, _ = rebuild(graph, rule)
-    out, count["stored"] = weights_read_stored(out)
+    if kinds is None or KIND in kinds:
+        out, count["stored"] = weights_read_stored(out)
     return out, Report("half", dict(count))
 
 

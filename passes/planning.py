@@ -50,7 +50,7 @@ class State:
 
 
 def _half(st):
-    st.graph, rep = compute_in_f32(st.graph)
+    st.graph, rep = compute_in_f32(st.graph, st.options.kinds)
     return rep
 
 

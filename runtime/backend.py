@@ -15,7 +15,11 @@ BACKENDS; passes/ does not change:
                 attention_back_stored, so autodiff may keep attention's probabilities
                 (passes/attention.py). "window": its kernels read a value at any offset
                 its slot gives (every CPU kernel takes an address), so contiguous slices
-                become views (passes/views.py).
+                become views (passes/views.py). "half_stored": its GEMMs read a half value at
+                the weight position tile by tile as fast as an f32 copy of it once the
+                GEMM is long and wide enough, so such GEMMs read half weights as they are
+                (passes/half.py weights_read_stored); the CUDA backend's library GEMMs take
+                f32 operands only, so there the casts stay.
   generate(kernels, plan) -> (module, source)
                 lowering: every kernel of the KernelGraph, in order, reading and writing values
                 where the MemoryPlan puts them (a region and offset; inputs and outputs through

@@ -114,7 +114,7 @@ def test_a_long_contraction_reads_the_bf16_master_weight_as_stored(tb):
     import jitgraph as jg
     from jitgraph import interp
     from jitgraph.half import to_f32
-    from passes.half import STORED_MIN_K, STORED_MIN_N
+    from passes.half import KIND, STORED_MIN_K, STORED_MIN_N
     for k, n in ((STORED_MIN_K, STORED_MIN_N), (64, STORED_MIN_N), (STORED_MIN_K, 24)):
         g = jg.Graph("long")
         x, y = g.input("x", (8, k)), g.input("y", (8,), "i32")
@@ -128,6 +128,11 @@ def test_a_long_contraction_reads_the_bf16_master_weight_as_stored(tb):
         reads = {gg.nodes[m.inputs[1]].op for m in mm}
         stored = k >= STORED_MIN_K and n >= STORED_MIN_N
         assert reads == ({"param"} if stored else {"cast"}), (k, n, reads)
+        # a target whose GEMMs do not read half weights (no KIND among its kinds) keeps casts
+        other = get_backend("cpu").kinds - {KIND}
+        st = run_pipeline(g, Options(loss="loss", optimizer=opt, kinds=other))
+        assert {st.graph.nodes[m.inputs[1]].op for m in st.graph.nodes if m.op == "matmul"
+                and m.id in st.kernels.live and not m.attr["ta"]} == {"cast"}
         tg = jg.training_graph(g, loss="loss", optimizer=opt)
         state = tg.init_params(0)
         rng = np.random.default_rng(2)

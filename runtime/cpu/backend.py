@@ -22,7 +22,7 @@ class CPU:
     calling them (compiled by llvmlite)."""
     name = "cpu"
     kinds = frozenset(("node", "elementwise", "gemm", "gemm_accumulate", "rows", "reduce",
-                       "cross_entropy", "attention_store", "window"))
+                       "cross_entropy", "attention_store", "window", "half_stored"))
 
     def __init__(self):
         from .threading import configure
