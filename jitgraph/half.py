@@ -46,13 +46,13 @@ def bf16_bits(x, out=None) -> np.ndarray:
     into `out` (a C-contiguous uint16 array of x's size) when given. Converted a chunk at a
     time, so what it allocates besides `out` is a few MB whatever x's size (a 1 GB weight
     converted at load or at save)."""
-    x = np.ascontiguousarray(x, np.float32)
+    x = np.asarray(x, np.float32)          # (ascontiguousarray would make a 0-d x 1-d)
     if out is None:
         out = np.empty(x.shape, np.uint16)
     if out.dtype != np.uint16 or out.size != x.size or not out.flags.c_contiguous:
         raise ValueError(f"bf16_bits: out must be a C-contiguous uint16 array of {x.size} "
                          f"elements, got {out.dtype}{list(out.shape)}")
-    u, o = x.reshape(-1).view(np.uint32), out.reshape(-1)
+    u, o = np.ascontiguousarray(x).reshape(-1).view(np.uint32), out.reshape(-1)
     for lo in range(0, u.size, _CHUNK):
         c = u[lo:lo + _CHUNK]
         r = (c >> 16) & 1           # the rounding bias: 0x7FFF, +1 when the kept part is odd

@@ -83,7 +83,12 @@ def _read_back(path):
 
 
 @pytest.mark.parametrize("ftype", ["f32", "f16", "bf16", "q8_0"])
-def test_streamed_file_equals_gguf_writers(tmp_path, ftype):
+@pytest.mark.parametrize("piece", [None, 1000])
+def test_streamed_file_equals_gguf_writers(tmp_path, monkeypatch, ftype, piece):
+    """write_llama's file (each weight converted when written; piece=1000: a few rows at a
+    time, the last block of rows partial) is gguf's eager writer's, byte for byte."""
+    if piece:
+        monkeypatch.setattr(gguf_io, "_PIECE_BYTES", piece)
     cfg, params, tok = _model()
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     write_llama(ours, cfg, params, tok, ftype=ftype, name="m")
@@ -129,13 +134,13 @@ def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch, fail):
         ftype = "q8_0"
         params["blk.1.attn_q.weight"] = np.full((64, 64), np.inf, np.float32)
     else:
-        real, fifth = gguf_io._weight_data, list(cfg.param_shapes())[4]
+        real, fifth = gguf_io._weight_pieces, list(cfg.param_shapes())[4]
 
         def flaky(name, a, dt):
             if name == fifth:
                 raise KeyboardInterrupt if fail == "interrupt" else OSError(28, "No space left")
             return real(name, a, dt)
-        monkeypatch.setattr(gguf_io, "_weight_data", flaky)
+        monkeypatch.setattr(gguf_io, "_weight_pieces", flaky)
     err = {"error": OSError, "interrupt": KeyboardInterrupt, "q8_0": ValueError}[fail]
     with pytest.raises(err) as e:
         write_llama(path, cfg, params, tok, ftype=ftype)
@@ -178,6 +183,25 @@ def test_writer_holds_one_tensor_at_a_time(tmp_path, ftype):
             assert np.array_equal(np.frombuffer(t[k][2], np.float32).reshape(want.shape), want)
         else:
             assert t[k][2] == gguf.quants.quantize(want, TYPE[ftype]).tobytes(), k
+
+
+def test_bf16_bits_rounds_as_gguf_across_chunks(monkeypatch):
+    """half.bf16_bits (a chunk at a time: small chunks here, the last partial) gives
+    gguf.quants' BF16 bits: ties to even, infinities, NaNs quiet, overflow to inf; 0-d too."""
+    from jitgraph import half
+    monkeypatch.setattr(half, "_CHUNK", 1000)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(12345).astype(np.float32)
+    x.view(np.uint32)[:2000] = rng.integers(0, 2 ** 32, 2000, dtype=np.uint64).astype(np.uint32)
+    x.view(np.uint32)[2000:2006] = (0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF800000, 0x7F800001,
+                                    0xFFC00000)
+    want = gguf.quants.quantize(x, Q.BF16).view(np.uint16)
+    np.testing.assert_array_equal(half.bf16_bits(x.reshape(3, 4115)).reshape(-1), want)
+    out = np.empty(12345, np.uint16)
+    assert half.bf16_bits(x, out=out) is out and np.array_equal(out, want)
+    assert half.bf16_bits(np.float32(1.0)).shape == ()
+    with pytest.raises(ValueError, match="uint16"):
+        half.bf16_bits(x, out=np.empty(12345, np.float16))
 
 
 # ---- loading: f32 and bf16 files into bf16 master weights and f32 weights ----------------------

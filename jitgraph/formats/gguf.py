@@ -178,12 +178,15 @@ class _Later:
         self.make = make
 
 
+_PIECE_BYTES = 1 << 24      # add_weight_later converts a weight this many f32 bytes at a time
+
+
 def add_tensor_later(writer, name, shape, ttype, make) -> None:
     """Add to a gguf_writer's writer a tensor of numpy `shape` and ggml type `ttype` whose data
-    is made when the file is written: `make()` gives its bytes (an array of exactly the type's
-    bytes for that shape, any dtype, native byte order), then, and is dropped once they are
-    written, so a model converted as it is written (--ftype, bf16 master weights as f32 values)
-    holds one converted tensor at a time."""
+    is made when the file is written: `make()` gives its bytes as arrays (any dtype, native
+    byte order) that are written one after another and dropped once written, together exactly
+    the type's bytes for that shape. A model converted as it is written (--ftype, bf16 master
+    weights as f32 values) holds one converted piece of one tensor at a time."""
     block, size = gguf.GGML_QUANT_SIZES[ttype]
     shape = tuple(int(d) for d in shape)
     if shape and shape[-1] % block:
@@ -196,24 +199,40 @@ def add_tensor_later(writer, name, shape, ttype, make) -> None:
 
 def _write_tensors(w, path):
     """The tensor infos, then each tensor's data in turn, laid out as
-    GGUFWriter.write_tensors_to_file lays them out (the data section aligned, each tensor padded
-    to the alignment): a tensor of add_tensor_later is made just before it is written, and the
-    writer lets go of each tensor once written."""
+    GGUFWriter.write_tensors_to_file lays them out (the data section aligned, each tensor
+    padded to the alignment): an add_tensor_later tensor's pieces are made and written one at a
+    time, and the writer lets go of each tensor once written."""
+    from gguf.gguf_writer import WriterState
     w.write_ti_data_to_file()
     for fout in w.fout:
         w.write_padding(fout, fout.tell())
-    for tensors in w.tensors:
+    for fout, tensors in zip(w.fout, w.tensors):
         for name, ti in list(tensors.items()):
             data, ti.tensor = ti.tensor, None
-            endian = w.endianess                    # add_tensor swapped its bytes already
-            if isinstance(data, _Later):
-                data, endian = data.make(), None    # native order
-            data = np.asarray(data)
-            if data.nbytes != ti.nbytes:
-                raise ValueError(f"{path}: tensor {name}: {data.nbytes} bytes of data for "
-                                 f"its {ti.nbytes} bytes ({ti.dtype.name} {list(ti.shape)})")
-            w.write_tensor_data(data, tensor_endianess=endian)
-            del data
+            if not isinstance(data, _Later):        # add_tensor swapped its bytes already
+                data = np.asarray(data)
+                _check_bytes(path, name, ti, data.nbytes)
+                w.write_tensor_data(data, tensor_endianess=w.endianess)
+                continue
+            del tensors[name]                       # as write_tensor_data pops it
+            w.write_padding(fout, fout.tell())
+            done = 0
+            for piece in data.make():
+                piece = np.ascontiguousarray(piece)
+                done += piece.nbytes
+                if done > ti.nbytes:
+                    break
+                piece.tofile(fout)
+                del piece
+            _check_bytes(path, name, ti, done)
+            w.write_padding(fout, ti.nbytes)
+            w.state = WriterState.WEIGHTS
+
+
+def _check_bytes(path, name, ti, nbytes):
+    if nbytes != ti.nbytes:
+        raise ValueError(f"{path}: tensor {name}: {nbytes} bytes of data (or more) for its "
+                         f"{ti.nbytes} bytes ({ti.dtype.name} {list(ti.shape)})")
 
 
 def _write(path, arch, tensors, strings):
@@ -470,34 +489,47 @@ def add_tensor_as(writer, name, a, ftype: str) -> None:
 
 def add_weight_later(writer, name, a, ftype: str) -> None:
     """Add a weight to a gguf_writer's writer in the type type_as gives, converted only when
-    the file's data is written (add_tensor_later: one converted tensor at a time). `a`: an
+    the file's data is written (add_tensor_later: a block of rows at a time). `a`: an
     f32 array, bf16 bits (uint16: bf16 master weights; BF16 is written as those bits, any
     other type from their f32 values, exact) or a formats.tensors.FileTensor (read then; a
     BF16 one written as BF16 as its bits)."""
     from ..quant import ggml_type
     dt = type_as(np.shape(a), ftype)
     ttype = gguf.GGMLQuantizationType.F32 if dt == "f32" else ggml_type(dt)
-    add_tensor_later(writer, name, np.shape(a), ttype, lambda: _weight_data(name, a, dt))
+    add_tensor_later(writer, name, np.shape(a), ttype, lambda: _weight_pieces(name, a, dt))
 
 
-def _weight_data(name, a, dt):
-    """The data of weight `a` (as add_weight_later takes it) in storage type or f32 `dt`."""
+def _weight_pieces(name, a, dt):
+    """The data of weight `a` (as add_weight_later takes it) in storage type or f32 `dt`, as
+    arrays to write one after another: a weight whose values must be converted goes a block of
+    rows at a time (_PIECE_BYTES of f32; each type stores rows independently, so the bytes are
+    those of the whole converted at once)."""
     from ..half import to_f32
     from .tensors import FileTensor
     if isinstance(a, FileTensor):
         if a.dtype == dt == "bf16" or a.dtype == dt == "f32":
-            return np.asarray(a)
+            yield np.asarray(a)
+            return
         a = a.f32()
-    elif np.asarray(a).dtype == np.uint16:          # bf16 bits
-        if dt == "bf16":
-            return np.ascontiguousarray(a)
-        a = to_f32(a, "bf16")
-    a = np.ascontiguousarray(a, np.float32)
-    return a if dt == "f32" else _converted(name, a, dt)
+    a = np.asarray(a)
+    bits = a.dtype == np.uint16                     # bf16 bits
+    if (bits and dt == "bf16") or (not bits and dt == "f32" and a.dtype == np.float32):
+        yield a                                     # as they are: no copy
+        return
+    if a.ndim != 2:
+        yield to_f32(a, "bf16") if bits else np.asarray(a, np.float32)
+        return
+    rows = max(1, _PIECE_BYTES // max(1, 4 * a.shape[1]))
+    for lo in range(0, a.shape[0], rows):
+        x = a[lo:lo + rows]
+        x = to_f32(x, "bf16") if bits else np.ascontiguousarray(x, np.float32)
+        yield x if dt == "f32" else _converted(name, x, dt, lo)
+        del x
 
 
-def _converted(name, a, dt):
-    """f32 array `a` in storage type `dt` (f16, bf16, q8_0), its bytes' array."""
+def _converted(name, a, dt, row=0):
+    """f32 array `a` in storage type `dt` (f16, bf16, q8_0), its bytes' array; `a` holds the
+    weight's rows from `row` on (named in errors)."""
     from ..quant import quantize
     try:        # the CPU backend's quantizers: the same bits, compiled (a 1B model in seconds)
         from ..runtime.cpu.lib_quant import KINDS, quantize_rows
@@ -507,7 +539,8 @@ def _converted(name, a, dt):
         with np.errstate(over="ignore"):            # f16: beyond its range is inf, as ggml
             q = quantize_rows(KINDS[dt], a) if quantize_rows else quantize(a, dt)
     except ValueError as e:
-        raise ValueError(f"tensor {name}: cannot store it as {dt}: {e}") from None
+        where = f" (in its rows {row}..{row + len(a) - 1})" if row else ""
+        raise ValueError(f"tensor {name}: cannot store it as {dt}{where}: {e}") from None
     return q
 
 
