@@ -9,9 +9,10 @@ load_model (and ggml) can read a checkpoint too. A checkpoint keeps every value 
 program stores it in: bf16 values (bf16 master weights, bf16 moments: uint16 bits) are BF16
 tensors holding those bits, which load_checkpoint gives back as uint16 bits and load_model as
 their f32 values (exact). Writes are atomic, and stream: the header and every tensor's info
-are written first, then each tensor's data in turn (add_tensor_later: made, written, dropped). Loading checks every count and
-size in the header against the file's length before it allocates anything; a malformed, truncated
-or mismatched file raises jitgraph.ModelFormatError (a ValueError) naming the file.
+are written first, then each tensor's data in turn (add_tensor_later: made, written, dropped).
+Loading checks every count and size in the header against the file's length before it
+allocates anything; a malformed, truncated or mismatched file raises jitgraph.ModelFormatError
+(a ValueError) naming the file.
 """
 from __future__ import annotations
 
