@@ -287,3 +287,38 @@ def test_read_converted_checks_its_arguments(tmp_path):
     cut = FileTensor(str(short), t.name, t.offset, t.type)
     with pytest.raises(jg.ModelFormatError, match="truncated"):
         cut.read_converted(np.empty((354, 64), np.uint16))
+
+
+@pytest.mark.slow
+def test_full_finetune_from_a_bf16_file_equals_one_from_its_f32_values(tmp_path, capsys,
+                                                                      stories, corpus_file):
+    """A full finetune from a BF16 file (its matrices mapped into bf16 master slots as they
+    are, or converted into f32 ones) equals the same finetune from an F32 file of the same
+    values (rounded into bf16 slots: exact): the same losses, checkpoints and models bit for
+    bit; with --ftype bf16 the model's BF16 matrices are the checkpoint's master bits."""
+    import json
+
+    from jitgraph import cli
+    cfg, params, tok = read_llama(stories)
+    bf, f32 = tmp_path / "base-bf16.gguf", tmp_path / "base-f32.gguf"
+    write_llama(bf, cfg, params, tok, ftype="bf16")
+    write_llama(f32, *read_llama(bf))                 # the bf16 file's values, as F32
+    runs = {}
+    for master in ("bf16", "f32"):
+        for base in (bf, f32):
+            tag = f"{master}-{base.stem}"
+            assert cli.main(["finetune", str(base), "--full", "--text", corpus_file(40_000),
+                             "--lr", "1e-2", "--steps", "2", "--ctx", "32", "--batch-size", "2",
+                             "--no-ppl", "--quiet", "--json", "--master", master,
+                             "--ftype", "bf16", "--out", str(tmp_path / f"{tag}.gguf"),
+                             "--checkpoint", str(tmp_path / f"{tag}.ckpt")]) == 0
+            res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+            runs[tag] = ([c["train"] for c in res["curve"]],
+                         _read_back(tmp_path / f"{tag}.gguf")[1],
+                         _read_back(tmp_path / f"{tag}.ckpt")[1])
+        a, b = runs[f"{master}-base-bf16"], runs[f"{master}-base-f32"]
+        assert a[0] == b[0], master
+        assert a[1] == b[1] and a[2] == b[2], master
+    model, ckpt = runs["bf16-base-bf16"][1], runs["bf16-base-bf16"][2]
+    mats = [k for k, (t, _, _) in model.items() if t == Q.BF16]
+    assert mats and all(ckpt[k][0] == Q.BF16 and ckpt[k][2] == model[k][2] for k in mats)
