@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .quant import as_storage, dequantize, quantize
+from .quant import as_storage, dequantize
 from .types import HALF_DTYPES, ShapeError, TensorType
 
 
@@ -34,7 +34,36 @@ def round_to(x, dtype: str) -> np.ndarray:
             return x.astype(np.float16)
     if dtype != "bf16":
         raise ValueError(f"round_to: {dtype!r} is no half type; expected one of {HALF_DTYPES}")
-    return quantize(x.reshape(-1), "bf16").reshape(x.shape)
+    return bf16_bits(x)
+
+
+_CHUNK = 1 << 20        # elements bf16_bits converts at once: its temporaries are a few MB
+
+
+def bf16_bits(x, out=None) -> np.ndarray:
+    """ggml's GGML_FP32_TO_BF16 of the float32 array x: round to nearest even, a NaN kept NaN
+    and made quiet (its high bits, the quiet bit set), as uint16 bits of x's shape; written
+    into `out` (a C-contiguous uint16 array of x's size) when given. Converted a chunk at a
+    time, so what it allocates besides `out` is a few MB whatever x's size (a 1 GB weight
+    converted at load or at save)."""
+    x = np.asarray(x, np.float32)          # (ascontiguousarray would make a 0-d x 1-d)
+    if out is None:
+        out = np.empty(x.shape, np.uint16)
+    if out.dtype != np.uint16 or out.size != x.size or not out.flags.c_contiguous:
+        raise ValueError(f"bf16_bits: out must be a C-contiguous uint16 array of {x.size} "
+                         f"elements, got {out.dtype}{list(out.shape)}")
+    u, o = np.ascontiguousarray(x).reshape(-1).view(np.uint32), out.reshape(-1)
+    for lo in range(0, u.size, _CHUNK):
+        c = u[lo:lo + _CHUNK]
+        r = (c >> 16) & 1           # the rounding bias: 0x7FFF, +1 when the kept part is odd
+        r += 0x7FFF
+        r += c                      # no overflow: below NaN, c <= 0xFF800000 (-inf)
+        r >>= 16
+        nan = (c & 0x7FFFFFFF) > 0x7F800000
+        if nan.any():
+            r[nan] = (c[nan] >> 16) | 0x40
+        o[lo:lo + _CHUNK] = r
+    return out
 
 
 def as_value(a, t: TensorType, what: str) -> np.ndarray:

@@ -49,7 +49,9 @@ def dequantize(a, t: TensorType) -> np.ndarray:
     if t.dtype == "f16":
         return a.astype(np.float32)
     if t.dtype == "bf16":
-        return (a.astype(np.uint32) << 16).view(np.float32)
+        u = a.astype(np.uint32)
+        u <<= 16                    # in place: no second temporary of the result's size
+        return u.view(np.float32)
     import gguf
     return gguf.quants.dequantize(a, ggml_type(t.dtype)).astype(np.float32).reshape(t.shape)
 

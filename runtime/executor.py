@@ -94,11 +94,13 @@ class ArrayMap(MutableMapping):
         if hasattr(value, "read_into"):
             # a tensor of a file (formats/tensors.py): its bytes are read straight into place
             t = value.type
-            if t.dtype == "f32" and _half_of(v.dtype) == "bf16" and t.shape == v.shape:
-                # an f32 weight of a file into a bf16 slot (bf16 master weights): rounded
-                a = np.empty(t.shape, np.float32)
-                value.read_into(a)
-                v[...] = _as_half(a, "bf16", f"{self._what} {name}")
+            if t.shape == v.shape and (
+                    (t.dtype == "f32" and _half_of(v.dtype) == "bf16") or
+                    (t.dtype == "bf16" and v.dtype == np.float32)):
+                # an f32 weight of a file into a bf16 slot (bf16 master weights): rounded; a
+                # bf16 one into an f32 slot: its values. Converted straight into the slot a
+                # chunk at a time, the file's pages released after (no whole-tensor copy)
+                value.read_converted(v)
                 return
             if t.storage_shape != v.shape or t.np_dtype != v.dtype:
                 raise ShapeError(f"{self._what} {name}: expected {_typestr(v)}, got {t} from "

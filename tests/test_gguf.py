@@ -144,7 +144,7 @@ def test_atomic_write_keeps_old_file_on_error(tmp_path, monkeypatch):
 
     def fail(self, *a, **k):
         raise OSError("disk full")
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", fail)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", fail)     # the tensors' data
     with pytest.raises(OSError, match="disk full"):
         save_model(path, "mnist-fc", params_for("mnist-fc", seed=9))
     monkeypatch.undo()

@@ -282,15 +282,16 @@ def test_llama_quantize_files_score_as_llama_perplexity(ftype, testdata):
 
 
 def test_f32_in_file_defers_the_f32_matrices_alone(stories):
-    """read_llama(f32_in_file=True), a full finetune's base: each F32 weight matrix is a
-    FileTensor (read straight into a program, not held twice) with the bytes read_llama reads;
-    a storage-typed one is read as f32 (a full finetune trains f32) and cfg names no types."""
+    """read_llama(f32_in_file=True), a full finetune's base: each F32 or BF16 weight matrix is
+    a FileTensor (read straight into a program, converted where the slot's type differs: not
+    held twice) with the values read_llama reads; another storage-typed one is read as f32 (a
+    full finetune trains f32 or bf16 master weights) and cfg names no types."""
     from jitgraph.formats.tensors import FileTensor
     from jitgraph.models.llama import read_llama, write_llama
     _, files = stories
     f32_path = files["f16"].parent / "stories260K-f32.gguf"
     write_llama(f32_path, *stories[0])
-    for path, deferred in ((f32_path, True), (files["f16"], False)):
+    for path, deferred in ((f32_path, True), (files["bf16"], True), (files["f16"], False)):
         cfg2, got, _ = read_llama(path, f32_in_file=True)
         assert cfg2.types == ()
         w = got["blk.0.attn_q.weight"]
@@ -298,4 +299,5 @@ def test_f32_in_file_defers_the_f32_matrices_alone(stories):
         assert isinstance(got["blk.0.attn_norm.weight"], np.ndarray)
         eager = read_llama(path)[1]
         for k in ("blk.0.attn_q.weight", "token_embd.weight"):
-            np.testing.assert_array_equal(np.asarray(got[k]), eager[k], err_msg=k)
+            v = got[k].f32() if isinstance(got[k], FileTensor) else got[k]
+            np.testing.assert_array_equal(v, eager[k], err_msg=k)

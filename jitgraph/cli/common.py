@@ -381,16 +381,17 @@ def add_ftype(p, what: str) -> None:
 
 
 def stored_weights(prog, names=None) -> dict:
-    """Program `prog`'s params `names` (default: all) as the checkpoint writers take them, name
-    -> read-only view of where each lives (not copied), in the type the program stores it in:
-    bf16 master weights as their bf16 bits (uint16), which checkpoints keep as BF16 tensors and
-    --resume puts back bit for bit."""
+    """Program `prog`'s params `names` (default: all) as the checkpoint writers and the model
+    writer (write_llama) take them, name -> read-only view of where each lives (not copied), in
+    the type the program stores it in: bf16 master weights as their bf16 bits (uint16), which
+    checkpoints keep as BF16 tensors and --resume puts back bit for bit, and which write_llama
+    converts one tensor at a time as it writes them."""
     return {k: prog.params.view(k) for k in (prog.params if names is None else names)}
 
 
 def f32_weights(prog, names=None) -> dict:
-    """Program `prog`'s params `names` (default: all) as the model and adapter writers take
-    them (they write --ftype), name -> array: read-only views of where they live (not copied),
+    """Program `prog`'s params `names` (default: all) as f32 values (the adapter writer, the
+    perplexity after a finetune), name -> array: read-only views of where they live (not copied),
     except bf16 master weights (f32 params of the source graph the program stores as bf16
     bits) given as their f32 values: exact, and a bf16 file rounds them back to the same
     bits."""

@@ -1042,13 +1042,13 @@ def _train_llama(args, world):
                                   _meta(args, kind, TRAIN_RESUMED, trainer, curve, data))
             Run.checkpoint, Run.epoch, Run.unit = args.checkpoint, trainer.step, "step"
         if stopping and args.out:            # interrupted: the model so far
-            write_llama(args.out, cfg, f32_weights(prog), tok, name="jitgraph llama",
+            write_llama(args.out, cfg, stored_weights(prog), tok, name="jitgraph llama",
                         ftype=args.ftype)
             Run.out = (args.out, f"the model after step {trainer.step}")
 
     timing = _fit(args, trainer, save, curve)
     if args.out and root:
-        write_llama(args.out, cfg, f32_weights(prog), tok, name="jitgraph llama",
+        write_llama(args.out, cfg, stored_weights(prog), tok, name="jitgraph llama",
                     ftype=args.ftype)
         say(args, f"saved {args.out}")
     if args.json:
@@ -1173,8 +1173,9 @@ def _finetune(args, world):
 
     def write_out():
         if args.full:
-            # the weights where they lie, not copied: a 1B model's 4.6 GiB not held twice
-            write_llama(args.out, cfg, f32_weights(prog), tok, name="jitgraph finetune",
+            # the weights where they lie, not copied (a 1B model's 4.6 GiB not held twice), as
+            # stored: bf16 master weights as their bits, each converted as it is written
+            write_llama(args.out, cfg, stored_weights(prog), tok, name="jitgraph finetune",
                         ftype=args.ftype)
         else:
             lora_file.write_adapter(args.out, cfg, adapter(), alpha, ftype=args.ftype)

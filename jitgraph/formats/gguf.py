@@ -8,9 +8,11 @@ stores) and a JSON object under `jitgraph.checkpoint` (step counter, RNG state, 
 load_model (and ggml) can read a checkpoint too. A checkpoint keeps every value in the type the
 program stores it in: bf16 values (bf16 master weights, bf16 moments: uint16 bits) are BF16
 tensors holding those bits, which load_checkpoint gives back as uint16 bits and load_model as
-their f32 values (exact). Writes are atomic. Loading checks every count and
-size in the header against the file's length before it allocates anything; a malformed, truncated
-or mismatched file raises jitgraph.ModelFormatError (a ValueError) naming the file.
+their f32 values (exact). Writes are atomic, and stream: the header and every tensor's info
+are written first, then each tensor's data in turn (add_tensor_later: made, written, dropped).
+Loading checks every count and size in the header against the file's length before it
+allocates anything; a malformed, truncated or mismatched file raises jitgraph.ModelFormatError
+(a ValueError) naming the file.
 """
 from __future__ import annotations
 
@@ -140,7 +142,7 @@ def gguf_writer(path, arch):
         yield w
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        _write_tensors(w, path)
         w.close()
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -168,6 +170,70 @@ def gguf_writer(path, arch):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Later:
+    """A tensor's data that add_tensor_later's `make` gives when the file's data is written."""
+
+    def __init__(self, make):
+        self.make = make
+
+
+_PIECE_BYTES = 1 << 24      # add_weight_later converts a weight this many f32 bytes at a time
+
+
+def add_tensor_later(writer, name, shape, ttype, make) -> None:
+    """Add to a gguf_writer's writer a tensor of numpy `shape` and ggml type `ttype` whose data
+    is made when the file is written: `make()` gives its bytes as arrays (any dtype, native
+    byte order) that are written one after another and dropped once written, together exactly
+    the type's bytes for that shape. A model converted as it is written (--ftype, bf16 master
+    weights as f32 values) holds one converted piece of one tensor at a time."""
+    block, size = gguf.GGML_QUANT_SIZES[ttype]
+    shape = tuple(int(d) for d in shape)
+    if shape and shape[-1] % block:
+        raise ShapeError(f"tensor {name}: shape {list(shape)} does not fit {ttype.name}'s blocks "
+                         f"of {block}")
+    writer.add_tensor_info(name, shape, np.dtype(np.float32), math.prod(shape) // block * size,
+                           raw_dtype=ttype)
+    writer.tensors[-1][name].tensor = _Later(make)
+
+
+def _write_tensors(w, path):
+    """The tensor infos, then each tensor's data in turn, laid out as
+    GGUFWriter.write_tensors_to_file lays them out (the data section aligned, each tensor
+    padded to the alignment): an add_tensor_later tensor's pieces are made and written one at a
+    time, and the writer lets go of each tensor once written."""
+    from gguf.gguf_writer import WriterState
+    w.write_ti_data_to_file()
+    for fout in w.fout:
+        w.write_padding(fout, fout.tell())
+    for fout, tensors in zip(w.fout, w.tensors):
+        for name, ti in list(tensors.items()):
+            data, ti.tensor = ti.tensor, None
+            if not isinstance(data, _Later):        # add_tensor swapped its bytes already
+                data = np.asarray(data)
+                _check_bytes(path, name, ti, data.nbytes)
+                w.write_tensor_data(data, tensor_endianess=w.endianess)
+                continue
+            del tensors[name]                       # as write_tensor_data pops it
+            w.write_padding(fout, fout.tell())
+            done = 0
+            for piece in data.make():
+                piece = np.ascontiguousarray(piece)
+                done += piece.nbytes
+                if done > ti.nbytes:
+                    break
+                piece.tofile(fout)
+                del piece
+            _check_bytes(path, name, ti, done)
+            w.write_padding(fout, ti.nbytes)
+            w.state = WriterState.WEIGHTS
+
+
+def _check_bytes(path, name, ti, nbytes):
+    if nbytes != ti.nbytes:
+        raise ValueError(f"{path}: tensor {name}: {nbytes} bytes of data (or more) for its "
+                         f"{ti.nbytes} bytes ({ti.dtype.name} {list(ti.shape)})")
 
 
 def _write(path, arch, tensors, strings):
@@ -396,21 +462,76 @@ def _tensor(f, path, order, name, ttype, dims, start, nbytes):
     return a.reshape(tuple(reversed(dims))).astype(a.dtype.newbyteorder("="), copy=False)
 
 
-def add_tensor_as(writer, name, a, ftype: str) -> None:
-    """Add f32 array `a` to a GGUFWriter: a matrix in `ftype` (WRITE_TYPES; as ggml's reference
-    quantizers round: jitgraph/quant.py), F16 where its rows are not whole blocks of the type
-    (as llama.cpp's converters fall back), anything else F32."""
-    from ..quant import WRITE_TYPES, ggml_type, quantize
+def type_as(shape, ftype: str) -> str:
+    """The type add_tensor_as stores a tensor of numpy `shape` in for `ftype` (WRITE_TYPES): a
+    matrix in `ftype`, F16 where its rows are not whole blocks of the type (as llama.cpp's
+    converters fall back), anything else F32."""
+    from ..quant import WRITE_TYPES
     from ..types import STORAGE
     if ftype not in WRITE_TYPES:
         raise ValueError(f"cannot write tensors as {ftype!r}; expected one of "
                          f"{', '.join(WRITE_TYPES)}")
-    dt = ftype if a.ndim == 2 else "f32"
-    if dt != "f32" and a.shape[1] % STORAGE[dt][1]:
+    dt = ftype if len(shape) == 2 else "f32"
+    if dt != "f32" and shape[1] % STORAGE[dt][1]:
         dt = "f16"
+    return dt
+
+
+def add_tensor_as(writer, name, a, ftype: str) -> None:
+    """Add f32 array `a` to a GGUFWriter in the type type_as gives (as ggml's reference
+    quantizers round: jitgraph/quant.py)."""
+    dt = type_as(a.shape, ftype)
     if dt == "f32":
         writer.add_tensor(name, np.ascontiguousarray(a, np.float32))
         return
+    from ..quant import ggml_type
+    writer.add_tensor(name, _converted(name, a, dt).view(np.uint8), raw_dtype=ggml_type(dt))
+
+
+def add_weight_later(writer, name, a, ftype: str) -> None:
+    """Add a weight to a gguf_writer's writer in the type type_as gives, converted only when
+    the file's data is written (add_tensor_later: a block of rows at a time). `a`: an
+    f32 array, bf16 bits (uint16: bf16 master weights; BF16 is written as those bits, any
+    other type from their f32 values, exact) or a formats.tensors.FileTensor (read then; a
+    BF16 one written as BF16 as its bits)."""
+    from ..quant import ggml_type
+    dt = type_as(np.shape(a), ftype)
+    ttype = gguf.GGMLQuantizationType.F32 if dt == "f32" else ggml_type(dt)
+    add_tensor_later(writer, name, np.shape(a), ttype, lambda: _weight_pieces(name, a, dt))
+
+
+def _weight_pieces(name, a, dt):
+    """The data of weight `a` (as add_weight_later takes it) in storage type or f32 `dt`, as
+    arrays to write one after another: a weight whose values must be converted goes a block of
+    rows at a time (_PIECE_BYTES of f32; each type stores rows independently, so the bytes are
+    those of the whole converted at once)."""
+    from ..half import to_f32
+    from .tensors import FileTensor
+    if isinstance(a, FileTensor):
+        if a.dtype == dt == "bf16" or a.dtype == dt == "f32":
+            yield np.asarray(a)
+            return
+        a = a.f32()
+    a = np.asarray(a)
+    bits = a.dtype == np.uint16                     # bf16 bits
+    if (bits and dt == "bf16") or (not bits and dt == "f32" and a.dtype == np.float32):
+        yield a                                     # as they are: no copy
+        return
+    if a.ndim != 2:
+        yield to_f32(a, "bf16") if bits else np.asarray(a, np.float32)
+        return
+    rows = max(1, _PIECE_BYTES // max(1, 4 * a.shape[1]))
+    for lo in range(0, a.shape[0], rows):
+        x = a[lo:lo + rows]
+        x = to_f32(x, "bf16") if bits else np.ascontiguousarray(x, np.float32)
+        yield x if dt == "f32" else _converted(name, x, dt, lo)
+        del x
+
+
+def _converted(name, a, dt, row=0):
+    """f32 array `a` in storage type `dt` (f16, bf16, q8_0), its bytes' array; `a` holds the
+    weight's rows from `row` on (named in errors)."""
+    from ..quant import quantize
     try:        # the CPU backend's quantizers: the same bits, compiled (a 1B model in seconds)
         from ..runtime.cpu.lib_quant import KINDS, quantize_rows
     except ImportError:
@@ -419,8 +540,9 @@ def add_tensor_as(writer, name, a, ftype: str) -> None:
         with np.errstate(over="ignore"):            # f16: beyond its range is inf, as ggml
             q = quantize_rows(KINDS[dt], a) if quantize_rows else quantize(a, dt)
     except ValueError as e:
-        raise ValueError(f"tensor {name}: cannot store it as {dt}: {e}") from None
-    writer.add_tensor(name, q.view(np.uint8), raw_dtype=ggml_type(dt))
+        where = f" (in its rows {row}..{row + len(a) - 1})" if row else ""
+        raise ValueError(f"tensor {name}: cannot store it as {dt}{where}: {e}") from None
+    return q
 
 
 def tensor_f32(f, path, order, name, ttype, dims, start, nbytes):

@@ -13,6 +13,8 @@ from ..errors import ModelFormatError
 from ..types import TensorType
 from .mapping import map_into, pages
 
+_CHUNK_BYTES = 1 << 24      # the buffer read_converted reads a tensor through
+
 
 @dataclass(frozen=True)
 class FileTensor:
@@ -66,15 +68,54 @@ class FileTensor:
             else:
                 self._read(f, view, 0, self.nbytes)
 
-    def _read(self, f, view, lo, hi):
-        """Bytes lo..hi of the tensor into view[lo:hi]."""
-        f.seek(self.offset + lo)
+    def read_converted(self, out: np.ndarray) -> None:
+        """Read the tensor into `out`, a C-contiguous array of its shape in another float type:
+        an f32 tensor into bf16 bits (uint16: rounded as ggml, jitgraph.half.bf16_bits), a bf16
+        tensor into float32 (exact). It goes a chunk at a time through one buffer of at most
+        16 MB, and the file's pages of the tensor are then dropped from the page cache
+        (posix_fadvise DONTNEED; pages a mapping holds stay): converting a model's weights at
+        load holds neither a second copy of them nor their file's pages."""
+        from ..half import bf16_bits
+        pair = (self.dtype, np.dtype(out.dtype).name)
+        if pair not in (("f32", "uint16"), ("bf16", "float32")):
+            raise ValueError(f"tensor {self.name}: cannot read {self.dtype} converted into "
+                             f"{out.dtype} (f32 into bf16 bits, or bf16 into float32)")
+        if not out.flags.c_contiguous or tuple(out.shape) != tuple(self.shape):
+            raise ValueError(f"tensor {self.name}: cannot read {self.type} into an array of "
+                             f"shape {list(out.shape)} (contiguous: {out.flags.c_contiguous})")
+        src = np.dtype(np.float32 if self.dtype == "f32" else np.uint16)
+        flat = out.reshape(-1)
+        per = max(1, min(flat.size, _CHUNK_BYTES // src.itemsize))
+        buf = np.empty(per, src)
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self.offset + self.nbytes:
+                raise ModelFormatError(f"{self.path}: tensor {self.name} is truncated: the file "
+                                       f"ends at byte {size}, the tensor's {self.nbytes} bytes "
+                                       f"at offset {self.offset} need {self.offset + self.nbytes}")
+            for lo in range(0, flat.size, per):
+                n = min(per, flat.size - lo)
+                chunk = buf[:n]
+                self._read(f, memoryview(chunk.view(np.uint8)), 0, n * src.itemsize,
+                           at=lo * src.itemsize)
+                if src == np.float32:
+                    bf16_bits(chunk, out=flat[lo:lo + n])
+                else:
+                    wide = chunk.astype(np.uint32)
+                    wide <<= 16
+                    flat[lo:lo + n] = wide.view(np.float32)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(f.fileno(), self.offset, self.nbytes, os.POSIX_FADV_DONTNEED)
+
+    def _read(self, f, view, lo, hi, at=0):
+        """Bytes at+lo..at+hi of the tensor into view[lo:hi]."""
+        f.seek(self.offset + at + lo)
         done = lo
         while done < hi:
             n = f.readinto(view[done:hi])
             if not n:
                 raise ModelFormatError(f"{self.path}: tensor {self.name} is truncated: "
-                                       f"{done} of {self.nbytes} bytes at offset "
+                                       f"{at + done} of {self.nbytes} bytes at offset "
                                        f"{self.offset}")
             done += n
 

@@ -420,8 +420,11 @@ def read_llama(path, keep_types: bool = False, f32_in_file: bool = False):
     Q4_0, Q4_K, Q5_K, Q6_K) is a formats.tensors.FileTensor, which a compiled program reads
     straight into its memory, and cfg.types names the storage-typed ones (the graph builders
     give those params that type); other tensors (norms, biases, other types) are read as f32.
-    f32_in_file=True (a full finetune's base): the F32 weight matrices alone are FileTensors,
-    so a program's weights are not held twice at load; others are read as f32 arrays."""
+    f32_in_file=True (a full finetune's base): the F32 and BF16 weight matrices are
+    FileTensors (cfg.types names none of them: the graphs train them in f32, or bf16 master
+    weights), which a program reads into its slots (formats/tensors.py: mapped where the types
+    agree, converted a chunk at a time where they do not), so a program's weights are not held
+    twice at load; others are read as f32 arrays."""
     import gguf
 
     from ..errors import ModelFormatError
@@ -458,9 +461,9 @@ def read_llama(path, keep_types: bool = False, f32_in_file: bool = False):
                                      f"config says {want[name]}")
                 kept = "f32" if ttype == gguf.GGMLQuantizationType.F32 else storage_name(ttype)
                 if len(shape) == 2 and (keep_types and kept or
-                                        f32_in_file and kept == "f32"):
+                                        f32_in_file and kept in ("f32", "bf16")):
                     params[name] = FileTensor(path, name, int(start), TensorType(kept, shape))
-                    if kept != "f32":
+                    if kept != "f32" and keep_types:
                         types[name] = kept
                 else:
                     params[name] = tensor_f32(f, path, order, *info)
@@ -496,8 +499,12 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
     `tokenizer`, else the fields `vocabulary` of tokenizer_fields, if given) and the
     weights under their GGUF names. ftype "f16" / "bf16" / "q8_0" stores the 2-D weights so
     (Q8_0 needs rows a multiple of 32 long; other 2-D weights fall back to F16), the norms stay
-    F32; a FileTensor param (read_llama keep_types) is converted from its file's type.
-    Written atomically: a temporary file in the same directory, fsync, os.replace."""
+    F32; a FileTensor param (read_llama keep_types) is converted from its file's type, and a
+    uint16 array is bf16 bits (bf16 master weights, as a program stores them): written as
+    those bits where the tensor is BF16, else from their f32 values (exact). The writer gets
+    every tensor's type and size first and converts each when it writes it (one converted
+    tensor in memory at a time). Written atomically: a temporary file in the same directory,
+    fsync, os.replace; nothing is left behind when the write fails or is interrupted."""
     import gguf
     if ftype not in _FTYPES:
         raise ValueError(f"write_llama: ftype must be one of {sorted(_FTYPES)}, got {ftype!r}")
@@ -511,7 +518,7 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
     if tokenizer is not None and len(tokenizer) != cfg.vocab:
         raise ValueError(f"write_llama: tokenizer has {len(tokenizer)} tokens, config vocab "
                          f"{cfg.vocab}")
-    from ..formats.gguf import add_tensor_as, gguf_writer
+    from ..formats.gguf import add_weight_later, gguf_writer
     with gguf_writer(path, cfg.arch) as w:
         w.add_name(name or cfg.arch)
         w.add_file_type(_FTYPES[ftype])
@@ -522,7 +529,5 @@ def write_llama(path, cfg: LlamaConfig, params: dict, tokenizer=None, ftype: str
         else:
             for k, (value, vtype, sub) in (vocabulary or {}).items():
                 w.add_key_value(k, value, vtype, sub)
-        for k in want:
-            a = params[k]
-            a = a.f32() if isinstance(a, FileTensor) else np.ascontiguousarray(a, np.float32)
-            add_tensor_as(w, k, a, ftype)
+        for k in want:          # each converted when written: one tensor's copy at a time
+            add_weight_later(w, k, params[k], ftype)
