@@ -29,7 +29,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .blas import _pool_threads
+from .blas import _band_min, _pool_threads
 
 NR = 32          # columns of a B panel: two vectors of 16 f32 lanes
 MR = 12          # rows of an A panel: MR x 2 accumulators (24 of the 32 zmm registers)
@@ -340,6 +340,7 @@ def _band(alpha, pb, k, n, beta, c, i0, m, pa, t, ta, a):
                     _update(c, i0 + ip * MR, jp * NR, mr, nr, t, alpha, bt)
 
 
+@njit(cache=True, nogil=True, inline="always")
 def packed_b_size(k, n):
     """uint32 elements of op(b) [k, n] packed."""
     return (k + 1) // 2 * ((n + NR - 1) // NR) * NR
@@ -387,6 +388,56 @@ def gemm_bf16(ta, tb, alpha, a, b, beta, c, pb, pas, ts):
         _band(al, pb, k, n, be, c, 0, m, pas[0], ts[0], ta, a)
     else:
         _bands(ta, al, a, pb, k, n, be, c, parts, pas, ts)
+
+
+# ---- the entry generated kernels call: one f32 scratch buffer for all of the workspace -----------
+_ALIGN = 16      # f32 elements (64 bytes) each part of the scratch buffer starts on
+
+
+def _up(x):
+    return -(-x // _ALIGN) * _ALIGN
+
+
+def work_size(m, n, k, parts) -> int:
+    """f32 elements of the scratch buffer gemm_bf16_work needs for c[m, n] (inner dimension k)
+    in up to `parts` bands: packed B, packed A per band, a tile per band."""
+    h = -(-m // max(parts, 1))
+    h = -(-h // MR) * MR
+    return _up(packed_b_size(k, n)) + max(parts, 1) * (_up(h * ((k + 1) // 2)) + MR * NR)
+
+
+@njit(cache=True, nogil=True)
+def gemm_bf16_work(ta, tb, alpha, a, b, beta, c, work, parts):
+    """gemm_bf16 with its buffers carved from `work` (work_size(M, N, K, parts) f32 elements):
+    one band, on the calling thread, up to blas's band bound (as blas.gemm runs a GEMM whole
+    there), else min(parts, the pool's threads) bands on the pool."""
+    m, n = c.shape
+    k = a.shape[0] if ta else a.shape[1]
+    if m * n * k <= _band_min():
+        parts = 1
+    parts = max(1, min(parts, _pool_threads()))
+    h = (m + parts - 1) // parts
+    h = (h + MR - 1) // MR * MR
+    k2 = (k + 1) // 2
+    nb = (packed_b_size(k, n) + _ALIGN - 1) // _ALIGN * _ALIGN
+    na = (h * k2 + _ALIGN - 1) // _ALIGN * _ALIGN
+    u = work.view(np.uint32)
+    pb = u[:nb]
+    pas = u[nb:nb + parts * na].reshape((parts, na))
+    ts = work[nb + parts * na:nb + parts * na + parts * MR * NR].reshape((parts, MR * NR))
+    gemm_bf16(ta, tb, alpha, a, b, beta, c, pb, pas, ts)
+
+
+def enabled() -> bool:
+    """Whether generated kernels run bf16 operands' GEMMs here (available(), unless
+    JITGRAPH_BF16_GEMM=0 keeps the conversion path: each operand cast to f32, then sgemm). Read
+    at compile; the kernel's text (hence its cache entry) records the choice."""
+    import os
+    want = os.environ.get("JITGRAPH_BF16_GEMM", "").strip()
+    if want not in ("", "0", "1"):
+        raise ValueError(f"JITGRAPH_BF16_GEMM={want!r}: expected 0 (convert to f32 and run "
+                         f"sgemm) or 1 (the AVX512-BF16 kernel where the CPU has it)")
+    return want != "0" and available()
 
 
 def gemm(ta, tb, alpha, a, b, beta, c, parts=None):
