@@ -441,17 +441,10 @@ def enabled() -> bool:
 
 
 def gemm(ta, tb, alpha, a, b, beta, c, parts=None):
-    """gemm_bf16 with its workspace allocated here (tests, benchmarks)."""
+    """gemm_bf16 with its workspace allocated here, in `parts` bands (default: one per thread
+    of numba's pool): for tests and benchmarks."""
+    from .blas import _POOL
     k = a.shape[0] if ta else a.shape[1]
-    parts = parts or max(1, int(_pool_threads_value()))
+    parts = parts or max(1, int(_POOL.value))
     pb, pas, ts = workspace(c.shape[0], c.shape[1], k, parts)
     gemm_bf16(ta, tb, alpha, a, b, beta, c, pb, pas, ts)
-
-
-def _pool_threads_value():
-    from .blas import _POOL
-    return _POOL.value
-
-
-__all__ = ["available", "gemm", "gemm_bf16", "workspace", "packed_b_size", "pack_b", "NR",
-           "MR", "KC", "MC", "_pool_threads"]
