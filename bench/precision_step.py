@@ -5,15 +5,18 @@ process, the programs' steps interleaved round by round so a busy machine's load
 alike; each one's arena (activations, gradients) and persistent bytes (params, optimizer
 state), its median ms per step, and the host's sgemm rate before and after.
 
-    python bench/precision_step.py [--rounds 15] [--steps 4] [--moments] [--master]
+    python bench/precision_step.py [--rounds 15] [--steps 4] [--moments] [--master] [--convert]
         [--model llama|mnist] [--batch N]
 
 --model mnist times the MNIST-shaped MLP (784-500-10, bench/mlp_common.py) at --batch (default
-100) instead.
+100) instead. --convert adds a bf16 program compiled with JITGRAPH_BF16_GEMM=0 ("bf16/cvt": its
+GEMMs on bf16 operands cast both to f32 and run sgemm, not runtime/cpu/bf16gemm.py's
+AVX512-BF16 kernel).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -25,6 +28,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=4, help="steps of each program per round")
     p.add_argument("--moments", action="store_true", help="also bf16 with --moments bf16")
+    p.add_argument("--convert", action="store_true",
+                   help="also bf16 with its GEMMs on f32 copies and sgemm (JITGRAPH_BF16_GEMM=0)")
     p.add_argument("--master", action="store_true",
                    help="also bf16 with bf16 moments and bf16 master weights")
     p.add_argument("--model", choices=("llama", "mnist"), default="llama")
@@ -43,6 +48,8 @@ def main(argv=None):
         runs.append(("bf16", "bf16", "f32"))
     if args.master:
         runs.append(("bf16", "bf16", "bf16"))
+    if args.convert:
+        runs.insert(2, ("bf16/cvt", "f32", "f32"))
     rng = np.random.default_rng(0)
     toks = rng.integers(0, cfg.vocab, (16, 129)).astype(np.int32)
     feeds = dict(tokens=toks[:, :-1], pos=np.arange(128, dtype=np.int32), labels=toks[:, 1:])
@@ -53,10 +60,17 @@ def main(argv=None):
     progs = {}
     for prec, mom, master in runs:
         t0 = time.perf_counter()
+        was = os.environ.get("JITGRAPH_BF16_GEMM")
+        if prec.endswith("/cvt"):
+            os.environ["JITGRAPH_BF16_GEMM"] = "0"     # read at compile
         progs[(prec, mom, master)] = jg.compile(
             graph(), loss="loss",
             optimizer=jg.optim.AdamW(lr=1e-3, weight_decay=0.0, moments=mom, master=master),
-            precision=prec, copy_outputs=False)
+            precision=prec.split("/")[0], copy_outputs=False)
+        if was is None:
+            os.environ.pop("JITGRAPH_BF16_GEMM", None)
+        else:
+            os.environ["JITGRAPH_BF16_GEMM"] = was
         print(f"# compiled {prec} (moments {mom}, master {master}) in "
               f"{time.perf_counter() - t0:.1f} s")
     for prog in progs.values():

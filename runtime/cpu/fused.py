@@ -206,6 +206,9 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     acc = {x for pair in kernel.accumulate for x in pair}
     prod = kernel.product
     epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro and m not in acc)
+    half = _bf16_operands(g, n, kernel, pro, slot_of)
+    if half is not None:               # the GEMM reads the bf16 values: no f32 copies
+        pro = pro - {n.inputs[0], n.inputs[1]}
     b = Builder(g, inlined, slot_of)
     scratch, at = {}, 0            # prologue value read after the prologue -> scratch offset
     for i in dict.fromkeys(i for m in (n.id, *epi) for i in g.nodes[m].inputs):
@@ -242,7 +245,8 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
 
     def operand(i, shp):
         return b.arg(spilled(i, shp), "w") if i in scratch else b.arg((i, shp))
-    xa, wa = operand(xv[0], xv[1]), operand(w.id, w.type.shape)
+    xa, wa = (None, None) if half is not None else \
+        (operand(xv[0], xv[1]), operand(w.id, w.type.shape))
     ca = b.arg(view((rows, ncols)), "c")
     dt = n.type.dtype
     wt = None if w.type.is_storage else \
@@ -255,7 +259,17 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
              for m in (n.id, *(m for m, _ in kernel.accumulate))]
     qwork = max((q for q in qwork if q is not None), key=lambda q: q.size, default=None)
     qname = b.arg(qwork, "w") if qwork is not None else None
-    if wt is not None:                               # w's transpose after the carrier's bytes
+    if half is not None:           # its packed operands after the carrier's bytes
+        xs, ws = half
+        m_, k_ = xv[1] if not n.attr["ta"] else xv[1][::-1]
+        from .bf16gemm import work_size
+        from .blas import bt_copies
+        parts = bt_copies()
+        work = Workspace(work_size(rows, ncols, k_, parts), "f32", (), qat)
+        b.lines += [f"gemm_bf16_work({literal(n.attr['ta'])}, {literal(n.attr['tb'])}, 1.0, "
+                    f"{b.arg((xs, xv[1]))}, {b.arg((ws, w.type.shape))}, {beta}, {ca}, "
+                    f"{b.arg(work, 'w')}, {parts})"]
+    elif wt is not None:                             # w's transpose after the carrier's bytes
         b.lines += [f"gemm_bt_{dt}(1.0, {xa}, {wa}, {beta}, {ca}, {b.arg(wt, 'w')})"]
     else:
         b.lines += [gemm_text(g, n, xa, wa, beta, ca, qname)]
@@ -275,8 +289,37 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     call = elementwise(g, type(kernel)(kernel.id, epi, "elementwise", outs), inlined, b,
                        {prod: cflat}, spill=spill)
     call.imports = (f"from jitgraph.runtime.cpu.blas import gemm_{dt}, gemm_bt_{dt}",) + \
-        (("from jitgraph.runtime.cpu import library as lib",) if qwork is not None else ())
+        (("from jitgraph.runtime.cpu import library as lib",) if qwork is not None else ()) + \
+        (("from jitgraph.runtime.cpu.bf16gemm import gemm_bf16_work",) if half is not None
+         else ())
     return call
+
+
+def _bf16_operands(g, n, kernel, pro, slot_of):
+    """(x's bf16 source, w's bf16 source) when GEMM n reads both operands as casts to f32 of
+    bf16 values (passes/half.py's conversions, in n's prologue, read by n alone and no output
+    of the kernel) held in buffers outside the kernel, and bf16 GEMMs run on AVX512-BF16
+    (bf16gemm.enabled(): the CPU has vdpbf16ps, measured faster than the conversion and
+    sgemm on every GEMM of the llama steps: bench/README.md, "bf16 GEMM"); else None."""
+    from . import bf16gemm
+    if n.type.dtype != "f32" or not bf16gemm.enabled():
+        return None
+    srcs = []
+    users = None
+    for i in n.inputs:
+        c = g.nodes[i]
+        if c.op != "cast" or i not in pro or i in kernel.outputs or c.type.dtype != "f32":
+            return None
+        src = c.inputs[0]
+        if g.nodes[src].type.dtype != "bf16" or src in kernel.nodes or slot_of(src) is None:
+            return None
+        users = users or g.users()
+        if users[i] != [n.id]:
+            return None
+        srcs.append(src)
+    if n.inputs[0] == n.inputs[1]:
+        return None
+    return tuple(srcs)
 
 
 def _sum_in_place(g, kernel, epi, slot_of):
