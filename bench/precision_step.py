@@ -3,7 +3,8 @@ in f32 and in mixed precision (bf16, f16 with its loss scale; optionally bf16 mo
 master weights), one
 process, the programs' steps interleaved round by round so a busy machine's load falls on all
 alike; each one's arena (activations, gradients) and persistent bytes (params, optimizer
-state), its median ms per step, and the host's sgemm rate before and after.
+state), its median ms per step, the median of its per-round ratios to f32 ("by round"), and
+the host's sgemm rate before and after.
 
     python bench/precision_step.py [--rounds 15] [--steps 4] [--moments] [--master] [--convert]
         [--model llama|mnist] [--batch N]
@@ -85,10 +86,15 @@ def main(argv=None):
             times[k].append(1e3 * (time.perf_counter() - t0) / args.steps)
     after = sgemm_gflops()
     base = statistics.median(times[("f32", "f32", "f32")])
+    ref = times[("f32", "f32", "f32")]
     print(f"{'precision':<10} {'moments':<8} {'master':<7} {'arena MB':>8} {'persist MB':>10} "
-          f"{'ms/step':>8} {'vs f32':>7}  (median of {args.rounds} rounds of {args.steps} steps; IQR)")
+          f"{'ms/step':>8} {'vs f32':>7} {'by round':>8}  (median of {args.rounds} rounds of "
+          f"{args.steps} steps; IQR)")
     for (prec, mom, master), ts in times.items():
         med = statistics.median(ts)
+        # the median of each round's ratio to f32's time in that round: a machine whose speed
+        # changes during the run (another tenant) changes both programs' times alike
+        by_round = statistics.median(t / r for t, r in zip(ts, ref))
         q = statistics.quantiles(ts, n=4)
         extra = ""
         prog = progs[(prec, mom, master)]
@@ -96,8 +102,8 @@ def main(argv=None):
             extra = f"  loss scale {prog.scaler.scale:g}, {prog.skipped} skipped"
         st = prog.stats()
         print(f"{prec:<10} {mom:<8} {master:<7} {st['arena_bytes'] / 2**20:8.1f} "
-              f"{st['persistent_bytes'] / 2**20:10.1f} {med:8.1f} {med / base:6.2f}x  "
-              f"({q[0]:.1f}-{q[2]:.1f}){extra}")
+              f"{st['persistent_bytes'] / 2**20:10.1f} {med:8.1f} {med / base:6.2f}x "
+              f"{by_round:7.2f}x  ({q[0]:.1f}-{q[2]:.1f}){extra}")
     print(f"# sgemm 1024^3: {before:.0f} GFLOP/s before, {after:.0f} after")
 
 
