@@ -174,6 +174,22 @@ def _pair(lo, hi):
     return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _pair_rows(b, p, k, j0, nj, out, o, width):
+    """Columns j0..j0+nj of b's rows 2p and 2p + 1 (zeros past row k) as bf16 pairs into
+    out[o:], zeros up to `width` (a panel's NR columns of B, MR rows of A)."""
+    r0 = b[2 * p]
+    if 2 * p + 1 < k:
+        r1 = b[2 * p + 1]
+        for j in range(nj):
+            out[o + j] = _pair(r0[j0 + j], r1[j0 + j])
+    else:
+        for j in range(nj):
+            out[o + j] = _pair(r0[j0 + j], np.uint16(0))
+    for j in range(nj, width):
+        out[o + j] = 0
+
+
 @njit(cache=True, nogil=True)
 def _pack_b_panel(tb, b, k, n, jp, out):
     """B's columns jp*NR.. into out[jp] ([k2][NR] uint32 pairs), zeros past k and n."""
@@ -195,17 +211,7 @@ def _pack_b_panel(tb, b, k, n, jp, out):
                     out[base + p * NR + j] = 0
     else:                                   # b [K, N]
         for p in range(k2):
-            r0 = b[2 * p]
-            o = base + p * NR
-            if 2 * p + 1 < k:
-                r1 = b[2 * p + 1]
-                for j in range(nj):
-                    out[o + j] = _pair(r0[j0 + j], r1[j0 + j])
-            else:
-                for j in range(nj):
-                    out[o + j] = _pair(r0[j0 + j], zero)
-            for j in range(nj, NR):
-                out[o + j] = 0
+            _pair_rows(b, p, k, j0, nj, out, base + p * NR, NR)
 
 
 PB = 8            # k-pairs per step of pack_b over B's rows (tb False)
@@ -219,7 +225,6 @@ def _pack_b_rows(b, k, n, q0, q1, out):
     stride, which for 4 KiB rows all fall in one L1 set)."""
     k2 = (k + 1) // 2
     npan = (n + NR - 1) // NR
-    zero = np.uint16(0)
     for g0 in range(0, npan, PG):
         for s0 in range(q0, q1, PB):
             s1 = min(q1, s0 + PB)
@@ -228,19 +233,11 @@ def _pack_b_rows(b, k, n, q0, q1, out):
                 nj = min(NR, n - j0)
                 base = jp * k2 * NR
                 for p in range(s0, s1):
-                    r0 = b[2 * p]
                     o = base + p * NR
                     if 2 * p + 1 < k and nj == NR:
                         _ilv_b(b, 2 * p * n + j0, (2 * p + 1) * n + j0, out, o)
-                    elif 2 * p + 1 < k:
-                        r1 = b[2 * p + 1]
-                        for j in range(nj):
-                            out[o + j] = _pair(r0[j0 + j], r1[j0 + j])
                     else:
-                        for j in range(nj):
-                            out[o + j] = _pair(r0[j0 + j], zero)
-                    for j in range(nj, NR):
-                        out[o + j] = 0
+                        _pair_rows(b, p, k, j0, nj, out, o, NR)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -272,20 +269,11 @@ def _pack_a(ta, a, i0, m, k, out):
         if ta:
             c0 = i0 + ip * MR
             for p in range(k2):
-                r0 = a[2 * p]
                 o = base + p * MR
                 if 2 * p + 1 < k and mr == MR:
                     _ilv_a(a, 2 * p * lda + c0, (2 * p + 1) * lda + c0, out, o)
-                    continue
-                if 2 * p + 1 < k:
-                    r1 = a[2 * p + 1]
-                    for r in range(mr):
-                        out[o + r] = _pair(r0[c0 + r], r1[c0 + r])
                 else:
-                    for r in range(mr):
-                        out[o + r] = _pair(r0[c0 + r], zero)
-                for r in range(mr, MR):
-                    out[o + r] = 0
+                    _pair_rows(a, p, k, c0, mr, out, o, MR)
         else:
             for r in range(MR):
                 if r >= mr:
