@@ -110,12 +110,12 @@ def test_bench_json_path_checked_first(tmp_path, capsys, monkeypatch):
 _SLOW_WRITE = textwrap.dedent("""
     import pathlib, sys, time
     import gguf
-    real = gguf.GGUFWriter.write_tensors_to_file
+    real = gguf.GGUFWriter.close
     def slow(self, *a, **k):          # the temp file is written; the rename is still to come
         real(self, *a, **k)
         pathlib.Path(sys.argv[1]).write_text("writing")
         time.sleep(120)
-    gguf.GGUFWriter.write_tensors_to_file = slow
+    gguf.GGUFWriter.close = slow
     from jitgraph import cli
     sys.exit(cli.main(sys.argv[2:]))
 """)

@@ -114,7 +114,7 @@ def test_a_long_contraction_reads_the_bf16_master_weight_as_stored(tb):
     import jitgraph as jg
     from jitgraph import interp
     from jitgraph.half import to_f32
-    from passes.half import KIND, STORED_MIN_K, STORED_MIN_N
+    from jitgraph.passes.half import KIND, STORED_MIN_K, STORED_MIN_N
     for k, n in ((STORED_MIN_K, STORED_MIN_N), (64, STORED_MIN_N), (STORED_MIN_K, 24)):
         g = jg.Graph("long")
         x, y = g.input("x", (8, k)), g.input("y", (8,), "i32")

@@ -10,6 +10,7 @@ stops LLVM from vectorising f32 loops.
 """
 from __future__ import annotations
 
+from jitgraph.ir import op_kind
 from jitgraph.plan import rows_flags
 from jitgraph.registry import get_op
 
@@ -308,7 +309,8 @@ def _bf16_operands(g, n, kernel, pro, slot_of):
     users = None
     for i in n.inputs:
         c = g.nodes[i]
-        if c.op != "cast" or i not in pro or i in kernel.outputs or c.type.dtype != "f32":
+        if i not in pro or not _is_conversion(c.op) or i in kernel.outputs or \
+                c.type.dtype != "f32":
             return None
         src = c.inputs[0]
         if g.nodes[src].type.dtype != "bf16" or src in kernel.nodes or slot_of(src) is None:
@@ -320,6 +322,12 @@ def _bf16_operands(g, n, kernel, pro, slot_of):
     if n.inputs[0] == n.inputs[1]:
         return None
     return tuple(srcs)
+
+
+def _is_conversion(op) -> bool:
+    """Whether op is an elementwise conversion between float types (OpDef.half "convert":
+    cast, which passes/half.py puts around every op over half values)."""
+    return op_kind(op) == "elementwise" and get_op(op).half == "convert"
 
 
 def _sum_in_place(g, kernel, epi, slot_of):
