@@ -2,11 +2,14 @@
 llama.cpp's llama-bench tg32, per weight type, side by side in one run, 2 threads each.
 
     python bench/decode_1b.py [--types f32,f16,q8_0,q4_k_m] [--models /work/models]
-        [--llama-bench PATH] [--threads 2] [--n 32] [--reps 5] [--profile TYPE]
+        [--llama-bench PATH] [--threads 2] [--n 32] [--reps 5] [--dot exact,ggml]
+        [--profile TYPE]
 
 For each type: the machine's load (1-minute load average), `jitgraph generate MODEL --prompt
 "Once upon a time" -n N --ctx 256 --temp 0 --ignore-eos --json --quiet --threads T` in a fresh
-process (decode tokens/s: generated tokens over the decode time; us per decode step), then
+process (decode tokens/s: generated tokens over the decode time; us per decode step), once per
+--dot choice (ggml: x converted as llama.cpp does for Q8_0/Q4_K/Q6_K/F16 weights; skipped for
+the types with none: f32, bf16), then
 `llama-bench -m MODEL -p 0 -n N -t T -r REPS -o json` (tg N tokens/s), and their ratio. The
 host's sgemm rate (numpy's BLAS, 1024^3) is printed with the table, before and after.
 --profile TYPE: where a decode step's time goes for that type's model, kernel by kernel in step
@@ -28,11 +31,11 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def jitgraph_decode(model, n, threads):
+def jitgraph_decode(model, n, threads, dot="exact"):
     """(decode tokens/s, us per decode step, generated tokens) of one generate run."""
     cmd = [sys.executable, "-m", "jitgraph.cli", "generate", model, "--prompt", PROMPT,
            "-n", str(n), "--ctx", "256", "--temp", "0", "--ignore-eos", "--json", "--quiet",
-           "--threads", str(threads)]
+           "--threads", str(threads), "--dot", dot]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"decode_1b: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
@@ -51,14 +54,14 @@ def llama_bench(binary, model, n, threads, reps):
     return float(json.loads(r.stdout)[0]["avg_ts"])
 
 
-def profile(model, threads, repeat=3):
+def profile(model, threads, dot, repeat=3):
     """Print a decode step's kernels (in step order, median of `repeat`) summed by kind."""
     os.environ["JITGRAPH_NUM_THREADS"] = str(threads)
     import numpy as np
 
     from jitgraph.cli.roofline import describe, time_kernels
     from jitgraph.models.generate import Generator
-    gen = Generator(model, ctx=256)
+    gen = Generator(model, ctx=256, dot=dot)
     gen.feed(gen.tokenizer.encode(PROMPT))
     feeds = {"tokens": np.zeros((1, 1), np.int32), "pos": np.full(1, gen.n_past, np.int32)}
     rows = time_kernels(gen.decode, feeds, repeat, in_order=True)
@@ -84,10 +87,13 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5, help="llama-bench's repetitions (-r)")
+    ap.add_argument("--dot", default="exact,ggml",
+                    help="jitgraph generate's --dot choices to run")
     ap.add_argument("--profile", default="")
     a = ap.parse_args()
+    dots = a.dot.split(",")
     if a.profile:
-        profile(os.path.join(a.models, f"llama1b-{a.profile}.gguf"), a.threads)
+        profile(os.path.join(a.models, f"llama1b-{a.profile}.gguf"), a.threads, dots[-1])
         return
     from jitgraph.cli.roofline import sgemm_gflops
     before = sgemm_gflops()
@@ -97,21 +103,26 @@ def main():
         if not os.path.exists(model):
             raise SystemExit(f"decode_1b: no model {model} (expected --models DIR holding "
                              f"llama1b-<type>.gguf)")
-        l0 = load()
-        jg, us, n = jitgraph_decode(model, a.n, a.threads)
+        runs = []
+        for dot in dots:
+            if dot == "ggml" and t in ("f32", "bf16"):
+                continue
+            l0 = load()
+            runs.append((dot, *jitgraph_decode(model, a.n, a.threads, dot), l0))
         l1 = load()
         lc = llama_bench(a.llama_bench, model, a.n, a.threads, a.reps)
-        rows.append((t, jg, us, lc, jg / lc, l0, l1, load()))
-        print(f"{t}: jitgraph {jg:.2f} tokens/s ({us:.0f} us/token, {n} tokens), "
-              f"llama.cpp tg{a.n} {lc:.2f} tokens/s", file=sys.stderr, flush=True)
+        for dot, jg, us, n, l0 in runs:
+            rows.append((t, dot, jg, us, lc, jg / lc, l0, l1, load()))
+            print(f"{t} --dot {dot}: jitgraph {jg:.2f} tokens/s ({us:.0f} us/token, {n} "
+                  f"tokens), llama.cpp tg{a.n} {lc:.2f} tokens/s", file=sys.stderr, flush=True)
         time.sleep(1)
     after = sgemm_gflops()
-    print(f"| type | jitgraph decode tokens/s | us/token | llama.cpp tg{a.n} tokens/s | ratio "
-          f"| load (jitgraph, llama.cpp, after) |")
-    print("|---|---|---|---|---|---|")
-    for t, jg, us, lc, ratio, l0, l1, l2 in rows:
-        print(f"| {t} | {jg:.2f} | {us:,.0f} | {lc:.2f} | {ratio:.2f} | {l0:.1f}, {l1:.1f}, "
-              f"{l2:.1f} |")
+    print(f"| type | --dot | jitgraph decode tokens/s | us/token | llama.cpp tg{a.n} tokens/s "
+          f"| ratio | load (jitgraph, llama.cpp, after) |")
+    print("|---|---|---|---|---|---|---|")
+    for t, dot, jg, us, lc, ratio, l0, l1, l2 in rows:
+        print(f"| {t} | {dot} | {jg:.2f} | {us:,.0f} | {lc:.2f} | {ratio:.2f} | {l0:.1f}, "
+              f"{l1:.1f}, {l2:.1f} |")
     print(f"sgemm {before:.0f} GFLOP/s before, {after:.0f} after; {a.threads} threads")
 
 

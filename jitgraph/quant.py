@@ -73,3 +73,38 @@ def quantize(x, dtype: str) -> np.ndarray:
     import gguf
     q = gguf.quants.quantize(x, ggml_type(dtype))
     return as_storage(q, t)
+
+
+XQ = {"q8_0": 32, "q8_k": 256, "f16": 1}   # x's types for a matmul's xq attribute: block sizes
+# the type ggml's CPU backend converts x to before its dot with a weight of each type (its type
+# traits' vec_dot_type), for the weight types whose dot jitgraph has in that form
+VEC_DOT_TYPE = {"q8_0": "q8_0", "q4_k": "q8_k", "q6_k": "q8_k", "f16": "f16"}
+
+
+def quantize_x(x, xq: str) -> np.ndarray:
+    """x's values (float32, any shape, rows along the last axis) after conversion to `xq` as
+    ggml does before a dot with a weight (then read back as float32): q8_0,
+    quantize_row_q8_0_ref (d = amax / 127 stored as f16, quants roundf(x / d)); q8_k,
+    quantize_row_q8_K_ref (per 256, d = -(the element of largest magnitude) / 127 in float32,
+    quants nearest_int(x / d) ties to even, clamped to 127); f16, rounded to nearest even."""
+    x = np.ascontiguousarray(x, np.float32)
+    blk = XQ[xq]
+    if x.shape[-1] % blk:
+        raise ShapeError(f"quantize_x: rows of {x.shape[-1]} elements are not whole {xq} "
+                         f"blocks of {blk}")
+    if xq == "f16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    if xq == "q8_0":
+        return dequantize(quantize(x, "q8_0"), TensorType("q8_0", x.shape))
+    b = x.reshape(-1, blk)
+    a = np.abs(b)
+    first = np.argmax(a, axis=1)                    # the first element of largest magnitude
+    mx = b[np.arange(len(b)), first]
+    zero = a[np.arange(len(b)), first] == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(zero, np.float32(0), np.float32(-127.0) / mx).astype(np.float32)
+        q = np.minimum(127, np.rint(iscale[:, None] * b)).astype(np.float32)
+        d = np.where(zero, np.float32(0), np.float32(1.0) / iscale).astype(np.float32)
+    return (d[:, None] * q).astype(np.float32).reshape(x.shape)
+

@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 from .types import DTYPES, ShapeError, TensorType
 
 REQUIRED = object()
+OPTIONAL = object()    # an attribute a node holds only when it is given (n.attr.get: None)
 
 
 def _as_int(v, what):
@@ -200,7 +201,7 @@ class OpDef:
     infer: Callable            # (args: list[Arg], attrs: dict) -> TensorType; raises ShapeError(msg)
     ref: Callable              # (attrs: dict, *arrays) -> np.ndarray
     arity: int | tuple | None  # exact count, (min, max), or None for any number >= 1
-    attrs: dict = field(default_factory=dict)   # name -> (kind, default or REQUIRED)
+    attrs: dict = field(default_factory=dict)   # name -> (kind, default, REQUIRED or OPTIONAL)
     vjp: Callable | None = None  # (g, out, inputs, attrs) -> [grad or None per input]
     kind: str = "opaque"       # KINDS
     expr: str | None = None    # elementwise: scalar expression over {0}, {1}, ... and {attr}
@@ -230,7 +231,8 @@ class OpDef:
             if k not in attrs or attrs[k] is None:
                 if default is REQUIRED:
                     raise ShapeError(f"{self.name}: missing attribute {k!r}")
-                out[k] = default
+                if default is not OPTIONAL:
+                    out[k] = default
                 continue
             out[k] = ATTR_KINDS[kind](attrs[k], f"{self.name}: attribute {k!r}")
         return out

@@ -201,7 +201,7 @@ def _matmul_transpose(n, xs, uses):
     if n.op != "matmul":
         return None
     for side, flag in ((0, "ta"), (1, "tb")):
-        if _is_swap_last2(xs[side]):
+        if _is_swap_last2(xs[side]) and n.attr.get("xq") is None:   # xq: x read as it is
             inputs = list(n.inputs)
             inputs[side] = xs[side].inputs[0]
             return "matmul", tuple(inputs), {**n.attr, flag: not n.attr[flag]}
@@ -211,7 +211,8 @@ def _matmul_transpose(n, xs, uses):
 def _transpose_matmul(n, xs, uses):
     """permute(matmul(a, b), [..,1,0]) -> matmul(b, a) with flipped flags ((AB)^T = B^T A^T),
     when the transpose is the product's only reader (no second GEMM)."""
-    if _is_swap_last2(n) and xs[0].op == "matmul" and uses[n.inputs[0]] == 1:
+    if _is_swap_last2(n) and xs[0].op == "matmul" and uses[n.inputs[0]] == 1 and \
+            xs[0].attr.get("xq") is None:
         a = xs[0].attr
         return "matmul", xs[0].inputs[::-1], {"ta": not a["tb"], "tb": not a["ta"]}
     return None

@@ -265,6 +265,13 @@ def test_an_op_without_a_cuda_lowering_is_a_compile_error(monkeypatch):
     g.output(p=ops.softmax(a, 0))
     with pytest.raises(NotImplementedError, match=r"op softmax .*another axis than the last"):
         jg.compile(g, target="cuda")
+    # x converted as ggml's CPU dot does (jitgraph.dots): refused, not run as the exact dot
+    from jitgraph.dots import ggml_dots
+    g = Graph("xq")
+    x = g.input("x", (1, 64))
+    g.output(y=ops.matmul(x, g.param("w", (8, 64), "f16", trainable=False), tb=True))
+    with pytest.raises(NotImplementedError, match=r"xq=f16.*--dot exact"):
+        jg.compile(ggml_dots(g), target="cuda")
 
 
 @sim_only

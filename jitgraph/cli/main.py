@@ -163,6 +163,11 @@ def parser():
     n.add_argument("--no-kv-f16", action="store_true",
                    help="keep K, V, queries and attention probabilities in float32 (default: "
                         "rounded to float16 as llama.cpp's F16 KV cache does)")
+    n.add_argument("--dot", choices=("exact", "ggml"), default="exact",
+                   help="products with Q8_0, Q4_K, Q6_K and F16 weights: exact (x in float32 "
+                        "times each dequantized weight) or ggml (x converted as llama.cpp's CPU "
+                        "backend does: quantized to 8 bits per block, integer dots; rounded to "
+                        "f16 for F16 weights): faster, llama.cpp's rounding")
     add_threads_flag(n)
     n.add_argument("--json", action="store_true",
                    help="print one JSON object as the last line (tokens/s, timings, the text)")

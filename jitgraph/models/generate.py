@@ -217,10 +217,14 @@ class Generator:
     step at construction (the first call faults in the weights' pages), leaving the cache
     empty; compile_seconds and warmup_seconds say what construction took. lora: a LoRA adapter
     applied unmerged (its GGUF path or (adapter params, alpha), jitgraph.models.lora), scaled
-    by lora_scale as llama.cpp's --lora-scaled does."""
+    by lora_scale as llama.cpp's --lora-scaled does. dot: "exact" (x in float32 times each
+    dequantized weight) or "ggml": x converted before its products with Q8_0, Q4_K, Q6_K and
+    F16 weights as llama.cpp's CPU backend does (8-bit quants and integer dots per block; x in
+    f16), faster (jitgraph.dots.ggml_dots; other weights unchanged)."""
 
     def __init__(self, model, ctx: int | None = None, chunk: int = 16, kv_f16: bool = True,
-                 warmup: bool = True, lora=None, lora_scale: float = 1.0, target: str = "cpu"):
+                 warmup: bool = True, lora=None, lora_scale: float = 1.0, target: str = "cpu",
+                 dot: str = "exact"):
         from ..compiler import compile as jg_compile
         from .perplexity import load_lora, with_lora
         self.config, params, self.tokenizer = _load(model)
@@ -234,16 +238,21 @@ class Generator:
         chunk = int(chunk)
         if chunk < 1:
             raise ValueError(f"generate: chunk {chunk} must be >= 1")
+        if dot not in ("exact", "ggml"):
+            raise ValueError(f"generate: dot {dot!r} must be 'exact' or 'ggml'")
+        from ..dots import ggml_dots
+        graph = ggml_dots if dot == "ggml" else (lambda gr: gr)
         self.ctx, self.chunk, self.kv_f16 = ctx, min(chunk, ctx), kv_f16
         t0 = time.perf_counter()
         # feed() checks token ids and positions itself (scalars, cheaper than the programs'
         # per-step index checks)
         # the weights are written in place of their initialisation (FileTensors read straight in)
-        self.decode = jg_compile(with_lora(llama_decoder(cfg, 1, ctx, kv_f16), adapter),
+        self.decode = jg_compile(graph(with_lora(llama_decoder(cfg, 1, ctx, kv_f16), adapter)),
                                  copy_outputs=False, check_indices=False, target=target,
                                  params={**params, **(adapter[0] if adapter else {})})
         self.prefill = None if self.chunk == 1 else \
-            jg_compile(with_lora(llama_decoder(cfg, self.chunk, ctx, kv_f16, last=True), adapter),
+            jg_compile(graph(with_lora(llama_decoder(cfg, self.chunk, ctx, kv_f16, last=True),
+                                       adapter)),
                        copy_outputs=False, check_indices=False, share=self.decode,
                        target=target)
         self.compile_seconds = time.perf_counter() - t0

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..types import ShapeError, TensorType, broadcast_shapes
 from .common import apply, norm_axis, same_dtype, unbroadcast
-from ..registry import REQUIRED, Arg, defvjp, register
+from ..registry import OPTIONAL, REQUIRED, Arg, defvjp, register
 
 
 def _prod(shape):
@@ -226,6 +226,8 @@ register("get_rows_back", arity=2, kind="opaque", infer=_get_rows_back_infer,
 # ---- matmul ------------------------------------------------------------------------------------
 def _matmul_infer(args, a):
     x, w = args
+    if a.get("xq") is not None:
+        _xq_check(x, w, a)
     if w.type.is_block or w.type.is_half and x.dtype != w.dtype:
         # a weight in a storage type (a frozen one in its file's type) read by an f32 matmul,
         # dequantized to f32
@@ -249,11 +251,28 @@ def _matmul_infer(args, a):
     return TensorType(x.dtype, batch + (xs[-2], ws[-1]))
 
 
+def _xq_check(x, w, a):
+    """xq: x converted to W's vec_dot_type before its dot with W's rows (ggml's CPU dot, see
+    jitgraph/quant.py quantize_x), for an f32 x and a stored W read as x @ W^T."""
+    from ..quant import VEC_DOT_TYPE
+    want = VEC_DOT_TYPE.get(w.dtype)
+    if want is None or x.dtype != "f32" or a["ta"] or not a["tb"]:
+        raise ShapeError(f"matmul xq={a['xq']!r} reads an f32 x as x @ W^T with W in "
+                         f"{', '.join(VEC_DOT_TYPE)}: got {x}{'^T' if a['ta'] else ''} @ "
+                         f"{w}{'^T' if a['tb'] else ''}")
+    if a["xq"] != want:
+        raise ShapeError(f"matmul xq={a['xq']!r}: a {w.dtype} weight is dotted with x in "
+                         f"{want} (ggml's vec_dot_type); got {x} @ {w}^T")
+
+
 def _mm_shape(shape, t):
     return shape[:-2] + (shape[-1], shape[-2]) if t else shape
 
 
 def _mm_ref(a, x, w):
+    if a.get("xq") is not None:
+        from ..quant import quantize_x
+        x = quantize_x(x, a["xq"])
     if a["ta"]:
         x = np.swapaxes(x, -1, -2)
     if a["tb"]:
@@ -268,9 +287,11 @@ def _mm_flops(ins, out, a):
 
 register("matmul", arity=2, half="compute", kind="contraction", fusion=("prologue", "epilogue"), cheap=False,
          flops=_mm_flops, infer=_matmul_infer, ref=_mm_ref, storage=(1,),
-         attrs={"ta": ("bool", False), "tb": ("bool", False)},
+         attrs={"ta": ("bool", False), "tb": ("bool", False), "xq": ("str", OPTIONAL)},
          doc="numpy matmul semantics for 2-D and batched operands; ta/tb transpose the last two "
-             "axes of x / w first (BLAS transpose flags, set by the simplify pass)")
+             "axes of x / w first (BLAS transpose flags, set by the simplify pass); xq "
+             "(q8_0, q8_k or f16, with a stored W read as x @ W^T): x's rows converted to that "
+             "type first, as ggml's CPU dot does (jitgraph.dots.ggml_dots)")
 
 
 # ---- user-facing functions ---------------------------------------------------------------------
@@ -354,6 +375,10 @@ def _broadcast_to_vjp(g, out, xs, a):
 def _matmul_vjp(g, out, xs, a):
     x, w = xs
     ta, tb = a["ta"], a["tb"]
+    if a.get("xq") is not None:
+        raise ShapeError(f"matmul xq={a['xq']!r} (x converted as ggml's dot does) has no "
+                         f"gradient: {x} @ {w}^T is for inference; differentiate the graph "
+                         f"without jitgraph.dots.ggml_dots")
     # d/dX of op(X) @ op(W): dop(X) = g @ op(W)^T; dX = dop(X) or its transpose
     gx = apply("matmul", w, g, ta=tb, tb=True) if ta else apply("matmul", g, w, ta=False, tb=not tb)
     if w.type.is_block:         # a frozen weight in its file's type: no gradient

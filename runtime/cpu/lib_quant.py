@@ -12,6 +12,8 @@ array, so an f16 weight comes as its bytes or its uint16 bits).
   OpenBLAS on one thread; for a few rows of x (decode), W's rows dequantized one at a time into
   L1 and dotted (or, W [K, N], added) straight from there; for one row of x (W [N, K]) each row
   of W read and dotted in one pass (lib_qdot.dot_rows).
+- qgemm8: out = alpha xc @ W^T + beta out, xc each row of x converted first as ggml's CPU dot
+  does (the matmul attribute xq): 8-bit quants dotted with W's in integers, or f16 (lib_qdot8).
 - quantize_rows: float32 rows to f16, bf16 or q8_0 (ggml's rounding: quantize_row_q8_0_ref).
 Tiles and column chunks have fixed sizes, so a result's bits do not depend on the thread count.
 """
@@ -30,6 +32,7 @@ from .blas import (GEMV_WEIGHT, _pool_threads, _serial_max, _small_max, _tiled, 
 from .halfconv import bf16_f32, bf16_round_bits
 from .lib_common import PAR_MIN_WORK, kernel, pkernel
 from .lib_qdot import LANES, _half, _scale_min_k4, dot_rows, has_row_dot
+from .lib_qdot8 import dot_rows8, has_row_dot8, q8_layout
 
 F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K = (STORAGE[t][0] for t in
                                            ("f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"))
@@ -430,6 +433,44 @@ def qgemm(ta, tb, alpha, x, w, beta, out, kind, work):
     (uint8[rows, row_bytes]): tb, W [N, K] (x @ W^T); not tb, W [K, N]. x float32 [M, K], C order.
     work: qgemm_workspace(kind, M, N, K, threads) float32 elements."""
     qgemm_path(ta, tb, alpha, x, w, beta, out, kind, work, out.shape[0] <= FUSED_MAX_M)
+
+
+@pkernel
+def qgemm8(alpha, x, w, beta, out, kind, work):
+    """out[M, N] = alpha xc @ W^T + beta out: xc each row of x (float32 [M, K]) converted for
+    W's kind as ggml's dot does (lib_qdot8: 8-bit quants, or f16), W [N, K] stored
+    (uint8[N, row_bytes]) of a kind has_row_dot8 accepts. work: at least one q8_layout per pool thread (float32; qgemm_workspace
+    for tb is more). W's rows split over the pool for each row of x, as a GEMV."""
+    w = w.view(np.uint8)
+    m, n = out.shape
+    k = x.shape[1]
+    if not has_row_dot8(kind):
+        raise ValueError("qgemm8: x converted as ggml's dot does is dotted with f16, q8_0, "
+                         "q4_k or q6_k weights only")
+    if x.shape[0] != m or w.shape[0] != n:
+        raise ValueError("qgemm8: shapes differ: x [M, K], w [N, row_bytes], out [M, N]")
+    _check_row(kind, w.shape[1], k)
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        _scale_rows(beta, out, 0, n)
+        return
+    slab = q8_layout(kind, k)[3]
+    parts = min(_pool_threads(), n, work.shape[0] // slab)
+    if parts < 1:
+        raise ValueError("qgemm8: work holds fewer float32 elements than one quantized row of "
+                         "x (q8_layout)")
+    was = one_thread()
+    if parts > 1 and GEMV_WEIGHT * n * k > _serial_max():
+        for r in range(m):
+            for p in prange(parts):
+                u0, u1 = _span(p, parts, n)
+                dot_rows8(kind, alpha, x[r], w, beta, out[r], u0, u1,
+                          work[p * slab:(p + 1) * slab])
+    else:
+        for r in range(m):
+            dot_rows8(kind, alpha, x[r], w, beta, out[r], 0, n, work[:slab])
+    restore_threads(was)
 
 
 # ---- quantization (writers) --------------------------------------------------------------------

@@ -36,6 +36,9 @@ names its op, layout and parameters:
   lib_quant  qgemm(ta, tb, alpha, x, w, beta, out, kind, work)  -- w: a weight in a storage
              type (jitgraph/types.py STORAGE) as uint8[rows, row bytes], kind its ggml type
              number; work: qgemm_workspace(kind, m, n, k, threads) elements
+             qgemm8(alpha, x, w, beta, out, kind, work)  -- x @ W^T, x's rows converted first
+             as ggml's dot does (the matmul attribute xq), W f16, q8_0, q4_k or q6_k; work as
+             qgemm's
              get_rows_q(w, kind, idx, out)    -- rows of such a table, dequantized
   lib_round  sround_bf16(x, step, out, seed, salt)  -- x, out flat; step float32[1]
   lib_pool   max_pool2d(x, out, kh, kw, sh, sw, ph, pw)   max_pool2d_back(x, g, out, ...)
@@ -53,7 +56,7 @@ from .lib_kv import kv_attention, set_rows, workspace_size_kv_attention  # noqa:
 from .lib_norm import (causal_mask, layer_norm, layer_norm_back, rms_norm,  # noqa: F401
                        rms_norm_back, rope, rope_back, rope_back_freqs_work, rope_back_work,
                        rope_freqs_work, rope_work, workspace_size_rope)
-from .lib_quant import get_rows_q, qgemm  # noqa: F401
+from .lib_quant import get_rows_q, qgemm, qgemm8  # noqa: F401
 from .lib_round import sround_bf16  # noqa: F401
 from .lib_pool import avg_pool2d, avg_pool2d_back, max_pool2d, max_pool2d_back  # noqa: F401
 from .lib_rows import (argmax_last, count_equal, cross_entropy, cross_entropy_back,  # noqa: F401

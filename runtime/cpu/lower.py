@@ -296,6 +296,8 @@ def gemm_text(graph, n, x, w, beta, c, work=None) -> str:
     ta, tb = literal(n.attr["ta"]), literal(n.attr["tb"])
     if graph.nodes[n.inputs[1]].type.is_storage:
         kind = storage_kind(graph.nodes[n.inputs[1]].type)
+        if n.attr.get("xq") is not None:
+            return f"lib.qgemm8(1.0, {x}, {w}, {beta}, {c}, {kind}, {work})"
         return f"lib.qgemm({ta}, {tb}, 1.0, {x}, {w}, {beta}, {c}, {kind}, {work})"
     return f"gemm_{n.type.dtype}({ta}, {tb}, 1.0, {x}, {w}, {beta}, {c})"
 
@@ -307,9 +309,11 @@ def gemm_call(n, xv, wv, out, graph=None) -> Call:
     dt = n.type.dtype
     work = stored_weight(graph, n, *out[1]) if graph is not None else None
     if work is not None:
+        kind = literal(storage_kind(graph.nodes[wv[0]].type))
+        if n.attr.get("xq") is not None:
+            return Call("lib.qgemm8", ["1.0", xv, wv, "0.0", out, kind, work])
         return Call("lib.qgemm", [literal(n.attr["ta"]), literal(n.attr["tb"]), "1.0", xv, wv,
-                                  "0.0", out, literal(storage_kind(graph.nodes[wv[0]].type)),
-                                  work])
+                                  "0.0", out, kind, work])
     wt = transposed_weight(n, wv[1], *out[1])
     if wt is not None:
         return Call(f"gemm_bt_{dt}", ["1.0", xv, wv, "0.0", out, wt])

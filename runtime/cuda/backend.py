@@ -57,6 +57,12 @@ class CUDA:
                 f"the cuda backend does not read storage types yet: %{stored[0].id} "
                 f"({stored[0].attr.get('name', stored[0].op)}) is {stored[0].type}; "
                 f"use target='cpu' or f32")
+        converted = [n for n in kernels.graph.nodes if n.attr.get("xq") is not None]
+        if converted:
+            raise NotImplementedError(
+                f"the cuda backend has no dots on x converted as ggml's CPU does: %"
+                f"{converted[0].id} = {converted[0].op} has xq={converted[0].attr['xq']}; use "
+                f"target='cpu' or the exact dots (no jitgraph.dots.ggml_dots, --dot exact)")
         gen = generate(kernels, plan, self.tpb, self.tile, self.max_blocks)
         return gen, listing(gen, kernels.graph)
 
