@@ -3,13 +3,14 @@ llama.cpp's llama-bench tg32, per weight type, side by side in one run, 2 thread
 
     python bench/decode_1b.py [--types f32,f16,q8_0,q4_k_m] [--models /work/models]
         [--llama-bench PATH] [--threads 2] [--n 32] [--reps 5] [--dot exact,ggml]
-        [--profile TYPE]
+        [--mmap yes,no] [--profile TYPE]
 
 For each type: the machine's load (1-minute load average), `jitgraph generate MODEL --prompt
 "Once upon a time" -n N --ctx 256 --temp 0 --ignore-eos --json --quiet --threads T` in a fresh
 process (decode tokens/s: generated tokens over the decode time; us per decode step), once per
 --dot choice (ggml: x converted as llama.cpp does for Q8_0/Q4_K/Q6_K/F16 weights; skipped for
-the types with none: f32, bf16), then
+the types with none: f32, bf16) and --mmap choice (no: `--no-mmap`, the weights read into the
+program's memory), then
 `llama-bench -m MODEL -p 0 -n N -t T -r REPS -o json` (tg N tokens/s), and their ratio. The
 host's sgemm rate (numpy's BLAS, 1024^3) is printed with the table, before and after.
 --profile TYPE: where a decode step's time goes for that type's model, kernel by kernel in step
@@ -31,11 +32,11 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def jitgraph_decode(model, n, threads, dot="exact"):
+def jitgraph_decode(model, n, threads, dot="exact", mmap="yes"):
     """(decode tokens/s, us per decode step, generated tokens) of one generate run."""
     cmd = [sys.executable, "-m", "jitgraph.cli", "generate", model, "--prompt", PROMPT,
            "-n", str(n), "--ctx", "256", "--temp", "0", "--ignore-eos", "--json", "--quiet",
-           "--threads", str(threads), "--dot", dot]
+           "--threads", str(threads), "--dot", dot] + (["--no-mmap"] if mmap == "no" else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"decode_1b: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
@@ -89,6 +90,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5, help="llama-bench's repetitions (-r)")
     ap.add_argument("--dot", default="exact,ggml",
                     help="jitgraph generate's --dot choices to run")
+    ap.add_argument("--mmap", default="yes", help="yes, no or yes,no: generate with the "
+                    "weights' pages mapped from the file, read (--no-mmap), or both")
     ap.add_argument("--profile", default="")
     a = ap.parse_args()
     dots = a.dot.split(",")
@@ -107,22 +110,24 @@ def main():
         for dot in dots:
             if dot == "ggml" and t in ("f32", "bf16"):
                 continue
-            l0 = load()
-            runs.append((dot, *jitgraph_decode(model, a.n, a.threads, dot), l0))
+            for mm in a.mmap.split(","):
+                l0 = load()
+                runs.append((dot, mm, *jitgraph_decode(model, a.n, a.threads, dot, mm), l0))
         l1 = load()
         lc = llama_bench(a.llama_bench, model, a.n, a.threads, a.reps)
-        for dot, jg, us, n, l0 in runs:
-            rows.append((t, dot, jg, us, lc, jg / lc, l0, l1, load()))
-            print(f"{t} --dot {dot}: jitgraph {jg:.2f} tokens/s ({us:.0f} us/token, {n} "
-                  f"tokens), llama.cpp tg{a.n} {lc:.2f} tokens/s", file=sys.stderr, flush=True)
+        for dot, mm, jg, us, n, l0 in runs:
+            rows.append((t, dot, mm, jg, us, lc, jg / lc, l0, l1, load()))
+            print(f"{t} --dot {dot} mmap {mm}: jitgraph {jg:.2f} tokens/s ({us:.0f} us/token, "
+                  f"{n} tokens), llama.cpp tg{a.n} {lc:.2f} tokens/s", file=sys.stderr,
+                  flush=True)
         time.sleep(1)
     after = sgemm_gflops()
-    print(f"| type | --dot | jitgraph decode tokens/s | us/token | llama.cpp tg{a.n} tokens/s "
-          f"| ratio | load (jitgraph, llama.cpp, after) |")
-    print("|---|---|---|---|---|---|---|")
-    for t, dot, jg, us, lc, ratio, l0, l1, l2 in rows:
-        print(f"| {t} | {dot} | {jg:.2f} | {us:,.0f} | {lc:.2f} | {ratio:.2f} | {l0:.1f}, "
-              f"{l1:.1f}, {l2:.1f} |")
+    print(f"| type | --dot | mmap | jitgraph decode tokens/s | us/token | llama.cpp tg{a.n} "
+          f"tokens/s | ratio | load (jitgraph, llama.cpp, after) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for t, dot, mm, jg, us, lc, ratio, l0, l1, l2 in rows:
+        print(f"| {t} | {dot} | {mm} | {jg:.2f} | {us:,.0f} | {lc:.2f} | {ratio:.2f} | "
+              f"{l0:.1f}, {l1:.1f}, {l2:.1f} |")
     print(f"sgemm {before:.0f} GFLOP/s before, {after:.0f} after; {a.threads} threads")
 
 

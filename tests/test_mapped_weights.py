@@ -61,6 +61,26 @@ def test_mapped_weights_equal_the_bytes_read(model, tmp_path):
         assert got.tobytes() == want.tobytes(), k
 
 
+def test_generator_without_mmap_reads_the_same_bytes(tmp_path):
+    """Generator(mmap=False) (`generate --no-mmap`): no page of the file is mapped, the
+    weights hold the same bytes, and greedy generation is the same as with the mapping."""
+    from jitgraph.models.generate import Generator, Sampler
+    path = tmp_path / "stories-q8_0.gguf"
+    shutil.copy(MODELS[1], path)
+    runs = []
+    for mmap in (False, True):
+        before = _mapped_regions(path)
+        gen = Generator(str(path), ctx=32, chunk=4, mmap=mmap)
+        mapped = _mapped_regions(path) - before
+        assert (mapped > 0) == mmap, mapped
+        ids = gen.tokenizer.encode("Once upon a time", bos=True)
+        runs.append((gen.generate(ids, 8, Sampler(temperature=0.0)).ids,
+                     {k: gen.decode.params.view(k).tobytes() for k in gen.decode.params}))
+        del gen
+    assert runs[0][0] == runs[1][0] and len(runs[0][0]) == 8
+    assert runs[0][1] == runs[1][1]
+
+
 def test_writing_a_mapped_weight_never_reaches_the_file(tmp_path):
     """The mapping is private: assigning a weight (or a kernel writing it) changes the
     program's copy of those pages, never the file, which later reads still see unchanged."""

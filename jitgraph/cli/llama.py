@@ -86,7 +86,7 @@ def generate_text(args):
     with compile_progress(args, "generate"):
         gen = Generator((cfg, params, tok), ctx=ctx, chunk=args.chunk,
                         kv_f16=not args.no_kv_f16, lora=lora, lora_scale=args.lora_scale,
-                        target=target, dot=args.dot)
+                        target=target, dot=args.dot, mmap=not args.no_mmap)
     out = sys.stdout
     shown = _for_terminal if out is not None and out.isatty() else str
 
@@ -117,6 +117,7 @@ def generate_text(args):
         print(json.dumps({**res.as_dict(), "text": res.text, "ctx": ctx, "seed": sampler.seed,
                           "temp": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                           "kv_f16": not args.no_kv_f16, "dot": args.dot,
+                          "mmap": not args.no_mmap,
                           "compile_seconds": gen.compile_seconds,
                           "warmup_seconds": gen.warmup_seconds}))
     return 0

@@ -168,6 +168,10 @@ def parser():
                         "times each dequantized weight) or ggml (x converted as llama.cpp's CPU "
                         "backend does: quantized to 8 bits per block, integer dots; rounded to "
                         "f16 for F16 weights): faster, llama.cpp's rounding")
+    n.add_argument("--no-mmap", action="store_true",
+                   help="read the weights into the program's memory instead of mapping the "
+                        "file's pages: slower to load, faster decode where anonymous memory "
+                        "gets huge pages (as llama.cpp's --no-mmap)")
     add_threads_flag(n)
     n.add_argument("--json", action="store_true",
                    help="print one JSON object as the last line (tokens/s, timings, the text)")

@@ -22,6 +22,10 @@ class FileTensor:
     name: str
     offset: int                 # of its first byte in the file
     type: TensorType            # f32 or a storage type (types.STORAGE); numpy dimension order
+    # whether its whole pages may be mapped from the file (read_into mapped=True); False:
+    # always read (the program's own anonymous pages: huge pages where the kernel gives them,
+    # which stream faster than a file's 4 KB pages, for a slower load)
+    mappable: bool = True
 
     @property
     def shape(self) -> tuple:
@@ -41,7 +45,7 @@ class FileTensor:
         (formats/mapping.py), else None: the memory plan puts its slot at that place in a page
         (the compiler reads this attribute, not the file format)."""
         from .mapping import MIN_BYTES, PAGE
-        return self.offset % PAGE if self.nbytes >= MIN_BYTES else None
+        return self.offset % PAGE if self.nbytes >= MIN_BYTES and self.mappable else None
 
     def read_into(self, out: np.ndarray, mapped: bool = False) -> None:
         """Read the bytes into `out`, a C-contiguous array of exactly nbytes bytes (its
@@ -59,7 +63,8 @@ class FileTensor:
                 raise ModelFormatError(f"{self.path}: tensor {self.name} is truncated: the file "
                                        f"ends at byte {size}, the tensor's {self.nbytes} bytes "
                                        f"at offset {self.offset} need {self.offset + self.nbytes}")
-            whole = pages(out.ctypes.data, self.offset, self.nbytes) if mapped else None
+            whole = pages(out.ctypes.data, self.offset, self.nbytes) \
+                if mapped and self.mappable else None
             if whole is not None and map_into(f.fileno(), self.offset + whole[0],
                                               out.ctypes.data + whole[0], whole[1]):
                 skip, n = whole

@@ -220,14 +220,23 @@ class Generator:
     by lora_scale as llama.cpp's --lora-scaled does. dot: "exact" (x in float32 times each
     dequantized weight) or "ggml": x converted before its products with Q8_0, Q4_K, Q6_K and
     F16 weights as llama.cpp's CPU backend does (8-bit quants and integer dots per block; x in
-    f16), faster (jitgraph.dots.ggml_dots; other weights unchanged)."""
+    f16), faster (jitgraph.dots.ggml_dots; other weights unchanged). mmap: the weights' whole
+    pages mapped from the file (fast to load); False: read into the program's memory (llama.cpp's
+    --no-mmap: a slower load, then huge pages where the kernel gives them to anonymous memory,
+    which decode streams faster than a file's 4 KB pages)."""
 
     def __init__(self, model, ctx: int | None = None, chunk: int = 16, kv_f16: bool = True,
                  warmup: bool = True, lora=None, lora_scale: float = 1.0, target: str = "cpu",
-                 dot: str = "exact"):
+                 dot: str = "exact", mmap: bool = True):
         from ..compiler import compile as jg_compile
         from .perplexity import load_lora, with_lora
         self.config, params, self.tokenizer = _load(model)
+        if not mmap:
+            from dataclasses import replace
+
+            from ..formats.tensors import FileTensor
+            params = {k: replace(v, mappable=False) if isinstance(v, FileTensor) else v
+                      for k, v in params.items()}
         cfg = self.config
         adapter = load_lora(cfg, lora, lora_scale)
         self._weights, self._adapter = list(params), adapter    # to name a NaN's cause
