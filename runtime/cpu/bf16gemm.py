@@ -30,6 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .blas import _band_min, _pool_threads
+from .lib_common import cpu_has
 
 NR = 32          # columns of a B panel: two vectors of 16 f32 lanes
 MR = 12          # rows of an A panel: MR x 2 accumulators (24 of the 32 zmm registers)
@@ -38,17 +39,8 @@ MC = 192         # rows per block of A (a multiple of MR): MC x KC x 4 bytes sta
 
 
 def available() -> bool:
-    """Whether numba compiles for a CPU with AVX512-BF16 (vdpbf16ps). Numba's cache keys
-    compiled code by CPU name and features, so the choice travels with the code."""
-    from numba.core import config
-    if (config.CPU_NAME or "host") != "host":
-        feats = config.CPU_FEATURES or ""
-        return "+avx512bf16" in feats and "-avx512bf16" not in feats
-    import llvmlite.binding as llvm
-    try:
-        return bool(llvm.get_host_cpu_features().get("avx512bf16"))
-    except RuntimeError:                   # the host's features cannot be read
-        return False
+    """Whether numba compiles for a CPU with AVX512-BF16 (vdpbf16ps)."""
+    return cpu_has("avx512bf16")
 
 
 class _BFloat(ir.Type):

@@ -12,6 +12,22 @@ from .cache import install_runtime_locator
 from .thresholds import PAR_MIN_WORK  # noqa: F401  (the lib_*.py kernels' prange bound)
 
 install_runtime_locator()
+
+
+def cpu_has(feature: str) -> bool:
+    """Whether numba compiles for a CPU with `feature` (LLVM's name: "avx2", "f16c",
+    "avx512bf16"): the features NUMBA_CPU_FEATURES gives where NUMBA_CPU_NAME names a CPU, else
+    the host's. Numba's cache keys compiled code by CPU name and features, so a kernel chosen by
+    this travels with the code compiled for it."""
+    from numba.core import config
+    if (config.CPU_NAME or "host") != "host":
+        feats = config.CPU_FEATURES or ""
+        return f"+{feature}" in feats and f"-{feature}" not in feats
+    import llvmlite.binding as llvm
+    try:
+        return bool(llvm.get_host_cpu_features().get(feature, False))
+    except RuntimeError:                   # the host's features cannot be read
+        return False
 _OPTS = dict(cache=True, error_model="numpy", fastmath=False, nogil=True)
 kernel = njit(**_OPTS)
 pkernel = njit(parallel=True, **_OPTS)

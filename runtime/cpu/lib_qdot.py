@@ -13,7 +13,6 @@ K-quants' 6-bit scales, which lib_quant's dequantization shares.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -23,7 +22,7 @@ from numba.np.numpy_support import carray
 from jitgraph.types import STORAGE
 
 from .approx import _from_bits
-from .lib_common import kernel
+from .lib_common import cpu_has, kernel
 
 F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K = (STORAGE[t][0] for t in
                                      ("f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"))
@@ -39,14 +38,7 @@ _inline_kernel = njit(cache=True, nogil=True, error_model="numpy", inline="alway
                       fastmath={"reassoc", "contract", "nsz"})
 
 
-def _host_has_f16c() -> bool:
-    try:
-        return bool(llvm.get_host_cpu_features().get("f16c", False))
-    except RuntimeError:
-        return False
-
-
-HAS_F16C = _host_has_f16c()
+HAS_F16C = cpu_has("f16c")
 
 
 @kernel

@@ -20,7 +20,6 @@ float32 scale per block and, for Q8_K, the sums of each 16 quants (int16, as ggm
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -30,7 +29,7 @@ from numba.np.numpy_support import carray
 from jitgraph.types import STORAGE
 
 from .halfconv import f32_f16
-from .lib_common import kernel
+from .lib_common import cpu_has, kernel
 from .lib_qdot import half
 
 F16, Q8_0, Q4_K, Q6_K = (STORAGE[t][0] for t in ("f16", "q8_0", "q4_k", "q6_k"))
@@ -43,18 +42,7 @@ _dot_kernel = njit(cache=True, nogil=True, error_model="numpy",
                    fastmath={"reassoc", "contract", "nsz"})
 
 
-def _host_has_avx2() -> bool:
-    from numba.core import config
-    if (config.CPU_NAME or "host") != "host":
-        feats = config.CPU_FEATURES or ""
-        return "+avx2" in feats and "-avx2" not in feats
-    try:
-        return bool(llvm.get_host_cpu_features().get("avx2", False))
-    except RuntimeError:
-        return False
-
-
-HAS_AVX2 = _host_has_avx2()
+HAS_AVX2 = cpu_has("avx2")
 
 
 # ---- x quantized (ggml's reference quantizers) -------------------------------------------------
@@ -226,11 +214,16 @@ def _acc_add(context, builder, tacc, acc, terms):
     ptr = builder.bitcast(context.make_array(tacc)(context, builder, acc).data, v8f.as_pointer())
     a = builder.load(ptr, align=4)
     for vec, scale in terms:
-        sp = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(v8f, ir.Undefined), scale, _I32(0)),
-            ir.Constant(v8f, ir.Undefined), ir.Constant(_V8D, [0] * 8))
-        a = builder.fadd(a, builder.fmul(builder.sitofp(vec, v8f), sp))
+        a = builder.fadd(a, builder.fmul(builder.sitofp(vec, v8f), _fsplat(builder, scale)))
     builder.store(a, ptr, align=4)
+
+
+def _fsplat(builder, v):
+    """<8 x float> of the float v in every lane."""
+    v8f = ir.VectorType(ir.FloatType(), 8)
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(v8f, ir.Undefined), v,
+                                                         _I32(0)),
+                                  ir.Constant(v8f, ir.Undefined), ir.Constant(_V8D, [0] * 8))
 
 
 @intrinsic
@@ -327,10 +320,8 @@ def _q8_0_row_avx2(typingctx, w, q, d):
                              align=1)
         scale = builder.fmul(builder.fpext(builder.bitcast(hbits, ir.HalfType()), f32),
                              builder.load(builder.gep(ddata, [b])))
-        splat = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(v8f, ir.Undefined), scale, ir.IntType(32)(0)),
-            ir.Constant(v8f, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
-        new = builder.fadd(acc, builder.fmul(builder.sitofp(sums.acc, v8f), splat))
+        new = builder.fadd(acc, builder.fmul(builder.sitofp(sums.acc, v8f),
+                                             _fsplat(builder, scale)))
         b1 = builder.add(b, i64(1))
         b.add_incoming(b1, builder.block)
         acc.add_incoming(new, builder.block)
