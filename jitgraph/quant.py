@@ -107,4 +107,3 @@ def quantize_x(x, xq: str) -> np.ndarray:
         q = np.minimum(127, np.rint(iscale[:, None] * b)).astype(np.float32)
         d = np.where(zero, np.float32(0), np.float32(1.0) / iscale).astype(np.float32)
     return (d[:, None] * q).astype(np.float32).reshape(x.shape)
-

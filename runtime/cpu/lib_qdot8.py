@@ -2,10 +2,11 @@
 quantized to its weight type's "vec_dot_type" (Q8_0 for Q8_0 weights, Q8_K for Q4_K and Q6_K:
 ggml-quants.c quantize_row_q8_0_ref / quantize_row_q8_K_ref), and each block's dot is an
 integer sum of the weight's and x's quants, scaled once per block in float32
-(ggml_vec_dot_q8_0_q8_0, ggml_vec_dot_q4_K_q8_K, ggml_vec_dot_q6_K_q8_K). The matmul attribute
-xq="q8_0"/"q8_k" asks for it (jitgraph/ops/shape.py, jitgraph/dots.py); the interpreter's reference is "quantize
-x so, dequantize it, multiply by the dequantized weight", which the integer sums equal exactly
-but for float32 rounding in the scales.
+(ggml_vec_dot_q8_0_q8_0, ggml_vec_dot_q4_K_q8_K, ggml_vec_dot_q6_K_q8_K); for F16 weights x is
+rounded to f16 (ggml's F16 vec_dot_type: a row of x in half the cache). The matmul attribute
+xq="q8_0"/"q8_k"/"f16" asks for it (jitgraph/ops/shape.py, jitgraph/dots.py); the interpreter's
+reference is "convert x so, read it back as f32, multiply by the dequantized weight", which the
+integer sums equal exactly but for float32 rounding in the scales.
 
 Integer sums are exact, so the only freedom is speed: with AVX2 a block's products are summed by
 pmaddubsw (unsigned 8-bit x signed 8-bit -> pairs summed in 16 bits, which the value ranges keep

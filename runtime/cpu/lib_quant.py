@@ -439,8 +439,9 @@ def qgemm(ta, tb, alpha, x, w, beta, out, kind, work):
 def qgemm8(alpha, x, w, beta, out, kind, work):
     """out[M, N] = alpha xc @ W^T + beta out: xc each row of x (float32 [M, K]) converted for
     W's kind as ggml's dot does (lib_qdot8: 8-bit quants, or f16), W [N, K] stored
-    (uint8[N, row_bytes]) of a kind has_row_dot8 accepts. work: at least one q8_layout per pool thread (float32; qgemm_workspace
-    for tb is more). W's rows split over the pool for each row of x, as a GEMV."""
+    (uint8[N, row_bytes]) of a kind has_row_dot8 accepts. work: at least one q8_layout per pool
+    thread (float32; qgemm_workspace for tb is more). W's rows split over the pool for each row
+    of x, as a GEMV (a prompt's rows read W once each)."""
     w = w.view(np.uint8)
     m, n = out.shape
     k = x.shape[1]
