@@ -16,7 +16,10 @@ fusion roles it takes, never its name):
                and preceded by the elementwise group computing an operand (a prologue,
                e.g. relu(x) @ w or x @ (w * mask)) when nothing but the GEMM reads that
                group's values: the prologue writes the operand once into scratch space
-               and the GEMM reads it there (BLAS needs it in memory), one kernel for two;
+               and the GEMM reads it there (BLAS needs it in memory), one kernel for two
+               (a half value's conversion to f32 for the GEMM takes with it the rounding
+               that made the value when nothing else reads it, unless the backend runs
+               GEMMs on that half type's buffers: kind "gemm_bf16");
                and (`accumulate`, where the backend lowers it: "gemm_accumulate" in its
                kinds) further 2-D matmuls summed into the product, a @ b + c @ d, when
                nothing else reads either product: the second GEMM adds into the first's
@@ -45,6 +48,8 @@ nodes: it would be saved from the forward pass to the backward as an extra outpu
 With an update boundary (passes/boundary.py) no group holds nodes of both phases (the update
 stays out of the GEMM epilogues), and every phase-1 kernel comes before every phase-2 one:
 `KernelGraph.boundary` is the number of phase-1 kernels (None without a boundary).
+With the finite-step guard (passes/guard.py) no group holds both a gated update's own nodes
+(`gated_nodes`) and others: the update runs after the flag, reading the gradient once.
 """
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ from jitgraph.registry import get_op, row_axis
 from jitgraph.plan import ACCUMULATE, Kernel, KernelGraph, rows_flags
 
 from .boundary import boundary_values, phase_two
-from .guard import FLAG as GUARD_FLAG
+from .guard import FLAG as GUARD_FLAG, gated_nodes
 from .report import Report
 
 
@@ -82,12 +87,14 @@ def is_direct_gemm(graph, n) -> bool:
 class _Grouping:
     """Greedy grouping state: groups of node ids, each with a kind, domain and anchor."""
 
-    def __init__(self, graph, live, accumulate=False):
+    def __init__(self, graph, live, accumulate=False, native=frozenset()):
         self.g, self.live, self.forward = graph, live, forward_nodes(graph)
         self.accumulate = accumulate    # the backend lowers gemm groups with accumulated GEMMs
+        self.native = native            # half types whose GEMMs the backend runs on buffers
         self.users = {i: [u for u in us if u in live] for i, us in graph.users().items()}
         self.kept = set(graph.outputs.values()) | set(graph.updates.values())   # read after
         self.phase2 = phase_two(graph, live)     # update boundary: never fused with phase 1
+        self.gated = gated_nodes(graph, live)    # the guard's gated updates: apart too
         self.group_of = {}          # node id -> group id
         self.groups = {}            # group id -> dict(members, kind, domain, anchor)
 
@@ -131,8 +138,9 @@ class _Grouping:
 
     def merge(self, nid, gids, kind, domain, anchor) -> bool:
         members = sorted({nid, *[m for gid in gids for m in self.groups[gid]["members"]]})
-        if self.phase2 and len({m in self.phase2 for m in members}) > 1:
-            return False
+        for part in (self.phase2, self.gated):
+            if part and len({m in part for m in members}) > 1:
+                return False
         if not self.convex(members):
             return False
         pro = set().union(*(self.groups[gid].get("prologue", ()) for gid in gids))
@@ -207,6 +215,12 @@ def _gemm_operand_conversion(gr, n) -> bool:
         is_direct_gemm(g, g.nodes[u]) and "prologue" in roles(g, u) for u in users)
 
 
+def _read_only_by(gr, gid, nid) -> bool:
+    """Whether node nid is the only reader of group gid's values outside it (none kept)."""
+    mem = set(gr.groups[gid]["members"])
+    return not mem & gr.kept and all(u == nid or u in mem for m in mem for u in gr.users[m])
+
+
 def _join_elementwise(gr, n):
     """Put elementwise node n into an operand's group of the same domain, or a new group."""
     if _accumulate(gr, n):
@@ -215,8 +229,17 @@ def _join_elementwise(gr, n):
     cands = [gid for gid in gr.producers(n.id) if gr.groups[gid]["domain"] == shape and (
         gr.groups[gid]["kind"] == "elementwise" or gr.groups[gid]["anchor"] is not None and
         "epilogue" in roles(gr.g, gr.groups[gid]["anchor"]))]
-    if n.type.size == 0 or _gemm_operand_conversion(gr, n):
+    if n.type.size == 0:
         cands = []
+    elif _gemm_operand_conversion(gr, n):
+        # the GEMM's prologue-to-be may take the elementwise groups only n reads (the f32 -> half
+        # rounding of a weight or input, cast back here: one pass over the f32 value into the
+        # GEMM's scratch, no half copy in a buffer of its own)
+        # (unless the backend runs GEMMs on that half type's buffers: "gemm_bf16")
+        src = gr.g.nodes[n.inputs[0]].type.dtype
+        cands = [] if src in gr.native else [
+            gid for gid in cands if gr.groups[gid]["kind"] == "elementwise" and
+            _read_only_by(gr, gid, n.id)]
     anchors = [gid for gid in cands if gr.groups[gid]["anchor"] is not None]
     for gids in ([*anchors[:1], *[c for c in cands if c not in anchors]], anchors[:1],
                  cands[:1]):
@@ -310,8 +333,8 @@ def _merge_updates(gr):
             gr.merge(last, part, "elementwise", domain, None)
 
 
-def _group_fused(graph, live, accumulate=False):
-    gr = _Grouping(graph, live, accumulate)
+def _group_fused(graph, live, accumulate=False, native=frozenset()):
+    gr = _Grouping(graph, live, accumulate, native)
     consts = []
     for n in graph.nodes:
         if n.id not in live:
@@ -390,7 +413,8 @@ def group_kernels(graph, fuse: bool = True, kinds=None):
                                  enumerate(kernels)], live)
         inlined = frozenset()
     else:
-        gr, inlined = _group_fused(graph, live, kinds is None or ACCUMULATE in kinds)
+        native = frozenset(dt for dt in ("bf16", "f16") if kinds and f"gemm_{dt}" in kinds)
+        gr, inlined = _group_fused(graph, live, kinds is None or ACCUMULATE in kinds, native)
         kernels = []
         for gid in _order(gr):
             grp = gr.groups[gid]

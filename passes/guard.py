@@ -11,9 +11,14 @@ boundary is a data dependency and survives fusion and memory planning. The execu
 one scalar `check/nonfinite` after each step, and on a non-finite step names the first flagged
 output and does not count the step (the learning-rate schedule and accumulation stay put).
 Cost: one extra read of every checked value (the gradients: the size of the model) per step.
+The gated updates' own computation (the optimizer's, `gated_nodes`) is fused apart from the
+gradients' kernels (passes/fuse.py): the gradients reach memory anyway (their flags read them),
+so each update reads its gradient once, after the flag, and writes its param and moments once,
+where an update in a GEMM's epilogue would write new values for the gate to copy.
 """
 from __future__ import annotations
 
+from jitgraph.ir import live_nodes
 from jitgraph.ops import cast, scale, sum as rsum, where
 
 from .report import Report
@@ -50,3 +55,13 @@ def gate(g, new: dict) -> dict:
         return new
     flag = g.tensor(g.outputs[FLAG])
     return {k: where(flag, g.tensor(g.params[k]), t) for k, t in new.items()}
+
+
+def gated_nodes(graph, live=None) -> frozenset:
+    """With the guard's flag: the live nodes that only the gated updates need (the optimizer's
+    update of each param and its state, and the gates); empty without the flag."""
+    if FLAG not in graph.outputs:
+        return frozenset()
+    live = live_nodes(graph) if live is None else live
+    return (live_nodes(graph, graph.updates.values()) & live) - \
+        live_nodes(graph, graph.outputs.values())

@@ -19,7 +19,10 @@ BACKENDS; passes/ does not change:
                 the weight position tile by tile as fast as an f32 copy of it once the
                 GEMM is long and wide enough, so such GEMMs read half weights as they are
                 (passes/half.py weights_read_stored); the CUDA backend's library GEMMs take
-                f32 operands only, so there the casts stay.
+                f32 operands only, so there the casts stay. "gemm_bf16": its GEMMs run
+                on bf16 operands held in buffers (the CPU's AVX512-BF16 kernel, where the
+                CPU has it), so fusion keeps an f32 value's rounding to bf16 in a kernel
+                of its own rather than in the GEMM's prologue (passes/fuse.py).
   generate(kernels, plan) -> (module, source)
                 lowering: every kernel of the KernelGraph, in order, reading and writing values
                 where the MemoryPlan puts them (a region and offset; inputs and outputs through

@@ -49,9 +49,14 @@ def _logits(cfg, params, ids, kv_f16=True):
     return prog.step(**llama_inputs(ids))["logits"][0]
 
 
+def _row_errs(got, want):
+    """Each row's largest error relative to that row's scale (its largest |logit|)."""
+    return np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+
+
 def _rel_err(got, want):
-    """The largest error of each row relative to that row's scale (its largest |logit|)."""
-    return float((np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max())
+    """The largest of _row_errs."""
+    return float(_row_errs(got, want).max())
 
 
 # ---- the models read as llama.cpp reads them ---------------------------------------------------
@@ -72,7 +77,13 @@ def test_configs_follow_the_files(arch_model):
 def test_logits_match_llama_cpp(arch_model):
     name, (cfg, params, _), ref, want = arch_model
     got = _logits(cfg, params, ref["prompt_ids"])
-    assert _rel_err(got, want) < 1e-4
+    # Both sides round K and V to f16 (the KV cache); a value that lands near a tie between two
+    # f16 numbers can round the other way when the f32 sums that made it are ordered
+    # differently (the host's SIMD width, BLAS's kernel), which moves the rows after it by
+    # ~1e-4 of their scale (seen: qwen2's last three rows on an AVX2 host). Most rows agree to
+    # ~1e-6; a KV cache kept in f32 instead misses by 1e-3 or more.
+    err = _row_errs(got, want)
+    assert err.max() < 3e-4 and np.median(err) < 1e-5, err
     np.testing.assert_array_equal(got.argmax(axis=1), want.argmax(axis=1))
 
 

@@ -146,3 +146,37 @@ def test_f16_attention_recomputes_its_probabilities():
         assert stats.get("attention_probs_stored", 0) == kept
         assert sum(n.op == "attention_back" for n in sg.nodes) == CFG.layers - kept
         assert _types(sg, "attention_store") == ({dt} if kept else set())
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["converted", "native"])
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_a_weights_rounding_runs_in_its_gemms_prologue(dt, native):
+    """An f32 master weight read by a GEMM in half precision is rounded to the half type and
+    converted back in the GEMM's prologue, one pass over the f32 weight into its scratch: no
+    kernel of its own writes the half copy (passes/fuse.py); the values are
+    test_mixed_gradients_match_the_interpreter's. A backend whose kinds name gemm_<dt> (the
+    CPU with AVX512-BF16: "gemm_bf16") runs GEMMs on half buffers: there the rounding keeps a
+    kernel of its own, whose output the GEMM reads."""
+    from jitgraph.passes.pipeline import run_pipeline
+    from jitgraph.passes.planning import Options
+    from jitgraph.runtime.cpu.backend import CPU
+    kinds = CPU.kinds | {f"gemm_{dt}"} if native else CPU.kinds
+    st = run_pipeline(llama_forward(CFG, 4, 16, labels=True),
+                      Options(loss="loss", optimizer=jg.optim.AdamW(lr=1e-3), precision=dt,
+                              kinds=kinds))
+    kg = st.kernels
+    g = kg.graph
+    weights = {g.params[k] for k in g.params if len(g.nodes[g.params[k]].type.shape) == 2}
+    rounded = [n.id for n in g.nodes if n.op == "cast" and n.inputs[0] in weights and
+               n.type.dtype == dt]
+    assert rounded
+    kernel_of = {m: k for k in kg.kernels for m in k.nodes}
+    users = g.users()
+    for r in rounded:
+        k = kernel_of[r]
+        gemms = {kernel_of[u].id for u in users[r]}
+        if native:
+            assert r in k.outputs and k.kind != "gemm" and k.id not in gemms
+        else:
+            assert k.kind == "gemm" and r not in k.outputs and gemms == {k.id}, \
+                [g.nodes[m].op for m in k.nodes]

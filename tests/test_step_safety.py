@@ -69,6 +69,33 @@ def test_a_non_finite_step_leaves_the_program_as_if_not_called(cfg, opt):
     _assert_same(_snapshot(prog), _snapshot(twin))
 
 
+def test_guarded_updates_run_after_the_flag_apart_from_the_gradients():
+    """The guard's flag reads every gradient, so an update in a GEMM epilogue would write its
+    new values for the gate to copy: the gated update nodes fuse apart from the gradients'
+    kernels (one update kernel, which reads each gradient and writes each param and moment
+    once), and the step still equals the unguarded twin's, whose updates sit in the epilogues."""
+    from jitgraph.passes.guard import gated_nodes
+    from jitgraph.registry import get_op
+    g = _mlp(n=16, d=32, h=24)
+    prog = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-2), check_finite=True)
+    twin = jg.compile(g, loss="loss", optimizer=jg.optim.AdamW(lr=1e-2))
+    kg = prog._products.kernels
+    gated = gated_nodes(kg.graph)
+    assert gated
+    is_update = lambda kgr, m: "update" in get_op(kgr.graph.nodes[m].op).fusion   # noqa: E731
+    assert all(len({m in gated for m in k.nodes}) == 1 for k in kg.kernels)
+    assert not any(k.kind == "gemm" and any(is_update(kg, m) for m in k.nodes)
+                   for k in kg.kernels)
+    assert {k.kind for k in kg.kernels if any(m in gated for m in k.nodes)} == {"elementwise"}
+    assert sum(any(is_update(kg, m) for m in k.nodes) for k in kg.kernels) == 1
+    tk = twin._products.kernels                 # the twin's weight updates: in GEMM epilogues
+    assert any(k.kind == "gemm" and any(is_update(tk, m) for m in k.nodes) for k in tk.kernels)
+    assert prog.stats()["memory"]["updates_copied"] == 0
+    for s in range(4):
+        _assert_same(prog.step(**_batch(s, n=16, d=32)), twin.step(**_batch(s, n=16, d=32)))
+    _assert_same(_snapshot(prog), _snapshot(twin))
+
+
 def test_an_infinite_gradient_is_named_and_not_applied():
     g = jg.Graph("sqrt")
     x = g.input("x", (3,))

@@ -25,6 +25,9 @@ class CPU:
                        "cross_entropy", "attention_store", "window", "half_stored"))
 
     def __init__(self):
+        from . import bf16gemm
+        if bf16gemm.enabled():      # GEMMs on bf16 buffers run vdpbf16ps (read at compile)
+            self.kinds = CPU.kinds | {"gemm_bf16"}
         from .threading import configure
         configure()           # before numba starts its thread pool
         from .pointers import address
