@@ -22,7 +22,9 @@ BACKENDS; passes/ does not change:
                 f32 operands only, so there the casts stay. "gemm_bf16": its GEMMs run
                 on bf16 operands held in buffers (the CPU's AVX512-BF16 kernel, where the
                 CPU has it), so fusion keeps an f32 value's rounding to bf16 in a kernel
-                of its own rather than in the GEMM's prologue (passes/fuse.py).
+                of its own rather than in the GEMM's prologue (passes/fuse.py); "gemm_f16"
+                the same for f16 (no backend names it yet: a cuBLASLt GEMM on f16 operands
+                would).
   generate(kernels, plan) -> (module, source)
                 lowering: every kernel of the KernelGraph, in order, reading and writing values
                 where the MemoryPlan puts them (a region and offset; inputs and outputs through
