@@ -234,8 +234,8 @@ def _join_elementwise(gr, n):
     elif _gemm_operand_conversion(gr, n):
         # the GEMM's prologue-to-be may take the elementwise groups only n reads (the f32 -> half
         # rounding of a weight or input, cast back here: one pass over the f32 value into the
-        # GEMM's scratch, no half copy in a buffer of its own)
-        # (unless the backend runs GEMMs on that half type's buffers: "gemm_bf16")
+        # GEMM's scratch, no half copy in a buffer of its own), unless the backend runs GEMMs
+        # on that half type's buffers ("gemm_bf16")
         src = gr.g.nodes[n.inputs[0]].type.dtype
         cands = [] if src in gr.native else [
             gid for gid in cands if gr.groups[gid]["kind"] == "elementwise" and
@@ -264,9 +264,8 @@ def _gemm(gr, n):
         grp = gr.groups[gid]
         mem = set(grp["members"])
         ops = [i for i in n.inputs if i in mem]
-        if grp["kind"] == "elementwise" and not mem & gr.kept and \
-                all(grp["domain"] == g.nodes[i].type.shape for i in ops) and \
-                all(u == n.id or u in mem for m in mem for u in gr.users[m]):
+        if grp["kind"] == "elementwise" and _read_only_by(gr, gid, n.id) and \
+                all(grp["domain"] == g.nodes[i].type.shape for i in ops):
             gids.append(gid)
             pro |= mem
     gr.new(n.id, "gemm", n.type.shape, n.id)
