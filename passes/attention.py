@@ -12,7 +12,11 @@ when its heads are small (head_dim <= STORE_MAX_HEAD_DIM: the recompute costs 2 
 FLOPs and an exp per score, storing 8 bytes of traffic per score; at head_dim 64 the recompute
 is an efficient GEMM and storing only costs memory) and its probabilities take at most
 STORE_MAX_BYTES (B H probs_size(S) elements: they grow with the square of the sequence, where
-recomputing is the only choice), and it is not f16 (r below could pass f16's range). Storing was faster at head_dim 8 and 32 and within noise at
+recomputing is the only choice). An f16 attention keeps them in f32: its q, k, v (and the
+backward's dout) are read through casts to f32, the pair computes in f32 and its results are
+rounded to f16 (f16 attention's meaning: computed in f32, rounded on store), because r, 1 / a
+row's sum of e, can pass f16's 65504 where a row's scores lie far below its block's largest
+(bf16 has f32's range and keeps bf16 probabilities). Storing was faster at head_dim 8 and 32 and within noise at
 64 (bench/attention_store.py; bench/README.md: "Figures behind the code", attention's kept
 probabilities). The checkpoint pass may still
 drop `stored` and recompute it in the backward. A backend lowers the pair only when its
@@ -41,26 +45,35 @@ def store_attention_probs(graph, kinds=None):
         a = graph.nodes[out]
         if a.op == "attention" and a.inputs == (q, k, v) and a.attrs == n.attrs:
             B, S, H, D = a.type.shape
-            # an f16 attention recomputes: r (1 / a row's sum of e) can pass f16's 65504
-            # where a row's scores lie far below its block's largest (bf16 has f32's range)
-            if a.type.dtype != "f16" and D <= STORE_MAX_HEAD_DIM and \
-                    B * H * probs_size(S) * a.type.np_dtype.itemsize <= STORE_MAX_BYTES:
+            kept = 4 if a.type.dtype == "f16" else a.type.np_dtype.itemsize
+            if D <= STORE_MAX_HEAD_DIM and B * H * probs_size(S) * kept <= STORE_MAX_BYTES:
                 chosen.setdefault(a.id, []).append(n.id)
     if not chosen:
         return graph, {}
     stored, backs = {}, {b for bs in chosen.values() for b in bs}
 
+    def wide(g, i):
+        """Value i as the pair reads it: an f16 value cast to f32."""
+        return g.emit("cast", (i,), {"dtype": "f32"}) if g.nodes[i].type.dtype == "f16" else i
+
+    def narrow(g, i, like):
+        """The pair's result i in the type of the node it replaces (`like`)."""
+        t = like.type.dtype
+        return i if g.nodes[i].type.dtype == t else g.emit("cast", (i,), {"dtype": t})
+
     def rule(g, n, new):
         if n.id in chosen:
-            ids, attrs = [new[i] for i in n.inputs], dict(n.attrs)
+            ids, attrs = [wide(g, new[i]) for i in n.inputs], dict(n.attrs)
             s = g.emit("attention_store", ids, attrs)
             stored[n.id] = s
             sl = g.emit("slice", [s], {"slices": ((0, n.type.size, 1),)})
-            return g.emit("reshape", [sl], {"shape": n.type.shape})
+            return narrow(g, g.emit("reshape", [sl], {"shape": n.type.shape}), n)
         if n.id in backs:
             q, k, v, out, dout = n.inputs
-            return g.emit("attention_back_stored",
-                          [new[q], new[k], new[v], stored[out], new[dout]], dict(n.attrs))
+            back = g.emit("attention_back_stored",
+                          [wide(g, new[q]), wide(g, new[k]), wide(g, new[v]), stored[out],
+                           wide(g, new[dout])], dict(n.attrs))
+            return narrow(g, back, n)
         return copy_node(g, n, new)
     g, _ = rebuild(graph, rule)
     extra = sum(g.nodes[s].type.nbytes - graph.nodes[a].type.nbytes for a, s in stored.items())
