@@ -12,7 +12,7 @@ to f32 (in its prologue) and runs sgemm, faster than lib.qgemm's tile-by-tile co
 """
 from __future__ import annotations
 
-from jitgraph.ir import LEAF_OPS, copy_node, rebuild
+from jitgraph.ir import LEAF_OPS, copy_node, op_kind, rebuild
 from jitgraph.registry import get_op
 
 from .report import Report
@@ -95,9 +95,34 @@ def compute_in_f32(graph, kinds=None):
         return nid
 
     out, _ = rebuild(graph, rule)
+    out, count["moved"] = casts_before_reshapes(out)
     if kinds is None or KIND in kinds:
         out, count["stored"] = weights_read_stored(out)
     return out, Report("half", dict(count))
+
+
+def casts_before_reshapes(graph):
+    """(graph, count): a cast of a reshape of a computed value (`cast(reshape(x))`: q's f32
+    copy for rope, read from the GEMM product viewed as heads) becomes the reshape of x's cast
+    (the same elements in the same order), unless a contraction reads it: the cast then joins
+    the kernel computing x (a GEMM's epilogue writes the copy), where a cast of the view is a
+    kernel of its own. A GEMM's operand keeps its cast next to it, for its prologue."""
+    users = graph.users()
+    moved = {n.id for n in graph.nodes if n.op == "cast" and
+             graph.nodes[n.inputs[0]].op == "reshape" and
+             op_kind(graph.nodes[graph.nodes[n.inputs[0]].inputs[0]].op) not in ("leaf", "view")
+             and not any(op_kind(graph.nodes[u].op) == "contraction" for u in users[n.id])}
+    if not moved:
+        return graph, 0
+
+    def rule(g, n, new):
+        if n.id not in moved:
+            return copy_node(g, n, new)
+        x = graph.nodes[n.inputs[0]].inputs[0]
+        c = g.emit("cast", (new[x],), dict(n.attrs))
+        return g.emit("reshape", (c,), {"shape": n.type.shape})
+
+    return rebuild(graph, rule)[0], len(moved)
 
 
 # The contraction length and the output columns from which a GEMM reads a half weight tile by

@@ -9,6 +9,7 @@ import jitgraph as jg
 from jitgraph import interp
 from jitgraph.half import to_f32
 from jitgraph.models.llama import LlamaConfig, llama_forward
+from jitgraph.ir import op_kind
 from jitgraph.passes.autodiff import grad
 from jitgraph.passes.precision import mixed, mixed_role
 
@@ -191,3 +192,45 @@ def test_a_weights_rounding_runs_in_its_gemms_prologue(dt, native):
         else:
             assert k.kind == "gemm" and r not in k.outputs and gemms == {k.id}, \
                 [g.nodes[m].op for m in k.nodes]
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_casts_of_reshaped_products_join_the_gemm(dt):
+    """q, k and v are GEMM products viewed as heads (a reshape) and read in f32 by rope and
+    attention: the half stage casts the product and reshapes the cast (passes/half.py
+    `casts_before_reshapes`), so the GEMM's epilogue writes the f32 copy and no kernel of its
+    own casts the view; a GEMM reading a reshaped half value keeps the cast for its prologue.
+    The program's loss and gradients stay the interpreter's (the move is exact)."""
+    from jitgraph.passes.fuse import forward_nodes
+    from jitgraph.passes.half import casts_before_reshapes
+    from jitgraph.passes.pipeline import run_pipeline
+    from jitgraph.passes.planning import Options
+    st = run_pipeline(llama_forward(CFG, 4, 16, labels=True),
+                      Options(loss="loss", precision=dt))
+    kg = st.kernels
+    g = kg.graph
+    users = g.users()
+    kernel_of = {m: k for k in kg.kernels for m in k.nodes}
+    forward = forward_nodes(g)      # (a backward cast of a forward value keeps its kernel)
+    viewed = [n for n in g.nodes if n.op == "reshape" and g.nodes[n.inputs[0]].op == "cast" and
+              g.nodes[n.inputs[0]].type.dtype == "f32" and n.id in forward and
+              g.nodes[g.nodes[n.inputs[0]].inputs[0]].type.dtype == dt]
+    assert len(viewed) >= 3 * CFG.layers          # q, k, v of every layer, at least
+    for n in viewed:
+        c = g.nodes[n.inputs[0]]
+        k = kernel_of[c.id]
+        assert k.kind == "gemm" or len(k.nodes) > 1, [g.nodes[m].op for m in k.nodes]
+    for n in g.nodes:
+        if n.op == "cast" and g.nodes[n.inputs[0]].op == "reshape":
+            assert all(g.nodes[u].op == "matmul" for u in users[n.id]) or \
+                op_kind(g.nodes[g.nodes[n.inputs[0]].inputs[0]].op) in ("leaf", "view")
+    assert casts_before_reshapes(g) == (g, 0)
+    mg, _ = mixed(llama_forward(CFG, 4, 16, labels=True), dt)
+    bg, _ = grad(mg, "loss")
+    params = bg.init_params(1)
+    ref = interp.run(bg, _feeds(), params)
+    prog = jg.compile(bg)
+    for k, v in params.items():
+        prog.params[k] = v
+    got = prog.step(**_feeds())
+    assert abs(float(got["loss"]) - float(ref["loss"])) <= 4 * EPS[dt] * abs(float(ref["loss"]))
