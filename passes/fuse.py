@@ -23,7 +23,8 @@ fusion roles it takes, never its name):
                and (`accumulate`, where the backend lowers it: "gemm_accumulate" in its
                kinds) further 2-D matmuls summed into the product, a @ b + c @ d, when
                nothing else reads either product: the second GEMM adds into the first's
-               output (beta = 1) instead of writing its own for the epilogue to read
+               output (beta = 1) instead of writing its own for the epilogue to read (its
+               operands' conversions, if any, join the first's prologue)
                (a LoRA projection's W x + B (A x), and every input gradient that sums the
                products of several weights: x feeding q, k and v)
   rows         an op of kind rows over the last axis (softmax, log_softmax, rms_norm,
@@ -177,9 +178,12 @@ def _product(gr, gid):
 
 
 def _accumulate(gr, n) -> bool:
-    """n = P + m: P the product of a gemm group, m a direct GEMM alone in its group (no
-    prologue), both read by n only, all three of one type: m joins P's group, accumulated
-    into its output (beta = 1), and n is the group's product."""
+    """n = P + m: P the product of a gemm group, m a direct GEMM alone in its group but for
+    its prologue (a half operand's conversion: passes/precision.py `sums_in_f32`), both read
+    by n only, all three of one type: m joins P's group, accumulated into its output
+    (beta = 1), its prologue computed with P's, and n is the group's product. Not when m's
+    prologue converts a half type the backend runs GEMMs on (gemm_bf16): m keeps its kernel,
+    which reads the half buffers."""
     g = gr.g
     if not gr.accumulate or "accumulate" not in roles(g, n.id) or len(set(n.inputs)) != 2:
         return False
@@ -188,12 +192,14 @@ def _accumulate(gr, n) -> bool:
         if gp is None or gm is None or gp == gm:
             continue
         host, lone = gr.groups[gp], gr.groups[gm]
+        pro = lone.get("prologue", set())
         if host["kind"] != "gemm" or _product(gr, gp) != p or lone["kind"] != "gemm" or \
-                lone["members"] != [m]:          # a gemm group of one: a direct GEMM
+                lone["anchor"] != m or set(lone["members"]) != {m, *pro} or any(
+                    g.nodes[g.nodes[x].inputs[0]].type.dtype in gr.native for x in pro):
             continue
         if gr.users[p] != [n.id] or gr.users[m] != [n.id] or {p, m} & gr.kept or \
                 not g.nodes[p].type == g.nodes[m].type == n.type or \
-                set(g.nodes[m].inputs) & set(host["members"]):
+                {i for x in lone["members"] for i in g.nodes[x].inputs} & set(host["members"]):
             continue
         if n.id not in gr.forward and any(x in gr.forward for x in host["members"] + [m]):
             continue                    # a backward sum never joins a forward kernel

@@ -9,6 +9,9 @@ Stages and their switches (jitgraph.compile arguments):
   patterns    with `fuse`: softmax, log_softmax, rms_norm and layer_norm written from
               primitives become the row op (passes/patterns.py), before autodiff so the
               backward uses their *_back ops; `fuse=False` keeps one kernel per primitive
+  precision   with `precision` "bf16" | "f16": the autocast policy (passes/precision.py
+              `mixed`; sums of half GEMM products in f32, `sums_in_f32`, here and after
+              autodiff)
   autodiff    when `loss` is given: adds the backward graph and grad/<param> outputs (with
               `loss_scale`: seeded with the input opt/loss_scale, not 1); an
               attention the backward differentiates keeps its probabilities when they are
@@ -44,7 +47,7 @@ from .checkpoint import checkpoint
 from .guard import guard
 from .optimizer import apply_optimizer
 from .patterns import recognise_patterns
-from .precision import mixed, stored_as
+from .precision import mixed, stored_as, sums_in_f32
 from .planning import PLAN_STAGES, Options, State, dump, plan, run_stages
 from .simplify import simplify
 
@@ -56,12 +59,15 @@ def _patterns(st):
 
 def _precision(st):
     st.graph, rep = mixed(st.graph, st.options.precision)
+    st.graph, rep.stats["f32_sums"] = sums_in_f32(st.graph)
     return rep
 
 
 def _autodiff(st):
     seed = LOSS_SCALE if st.options.loss_scale is not None else None
     st.graph, rep = grad(st.graph, st.options.loss, seed=seed)
+    if st.options.precision != "f32":   # the backward's sums of half GEMM products
+        st.graph, rep.stats["f32_sums"] = sums_in_f32(st.graph)
     st.graph, stored = store_attention_probs(st.graph, st.options.kinds)
     if stored:
         rep.stats.update(stored)

@@ -123,6 +123,63 @@ def mixed(graph, dtype: str):
     return out, Report("precision", {**count, "dtype": dtype})
 
 
+def sums_in_f32(graph):
+    """(graph, count): a half sum (an op taking the "accumulate" fusion role: add) of half GEMM
+    products (mixed_role "gemm" over half operands), or of such sums, each read by that sum
+    alone, computes in f32: each product becomes the f32 GEMM of its operands' f32 casts
+    (exact: a half value is an f32 value), the sums f32, and the whole sum is rounded to the
+    half type once. So the backward's input gradients that sum several weights' products (x
+    feeding q, k and v; the FFN's gate and up) accumulate in f32, as f32 training's do (fusion
+    adds each GEMM into the first's output, beta = 1), instead of rounding each product and
+    each partial sum: accumulation stays f32, the policy's rule. Run after autodiff (and on a
+    forward graph: a LoRA projection's W x + B (A x))."""
+    users = graph.users()
+    kept = set(graph.outputs.values()) | set(graph.updates.values())
+
+    def alone(i):
+        return len(users[i]) == 1 and i not in kept
+
+    def product(i, t):
+        n = graph.nodes[i]
+        return n.op not in LEAF_OPS and mixed_role(n.op) == "gemm" and n.type == t and \
+            alone(i) and all(graph.nodes[j].type.dtype == t.dtype for j in n.inputs)
+
+    sums = {}                       # sum node -> its leaves are products or sums
+
+    def is_sum(i):
+        if i not in sums:
+            n = graph.nodes[i]
+            sums[i] = n.op not in LEAF_OPS and "accumulate" in get_op(n.op).fusion and \
+                n.type.is_half and len(set(n.inputs)) == 2 and all(
+                    product(j, n.type) or (alone(j) and is_sum(j) and graph.nodes[j].type == n.type)
+                    for j in n.inputs)
+        return sums[i]
+
+    roots = [n.id for n in graph.nodes if is_sum(n.id) and
+             not (alone(n.id) and is_sum(users[n.id][0]))]
+    if not roots:
+        return graph, 0
+    inner, todo = set(), list(roots)
+    while todo:
+        for j in graph.nodes[todo.pop()].inputs:
+            if j not in inner:
+                inner.add(j)
+                if is_sum(j):
+                    todo.append(j)
+    roots = set(roots)
+
+    def rule(g, n, new):
+        if n.id in roots or (n.id in inner and is_sum(n.id)):
+            out = g.emit(n.op, [new[i] for i in n.inputs], dict(n.attrs))
+            return g.emit("cast", (out,), {"dtype": n.type.dtype}) if n.id in roots else out
+        if n.id in inner:               # a product: the f32 GEMM of its operands' f32 casts
+            return g.emit(n.op, [g.emit("cast", (new[i],), {"dtype": "f32"}) for i in n.inputs],
+                          dict(n.attrs))
+        return copy_node(g, n, new)
+
+    return rebuild(graph, rule)[0], len(roots)
+
+
 def stored_as(graph, types: dict):
     """(graph, {param: its new leaf id}): each f32 param named in `types` (name -> "bf16")
     stored in that type, its readers reading it through one cast to f32 that takes the old

@@ -234,3 +234,42 @@ def test_casts_of_reshaped_products_join_the_gemm(dt):
         prog.params[k] = v
     got = prog.step(**_feeds())
     assert abs(float(got["loss"]) - float(ref["loss"])) <= 4 * EPS[dt] * abs(float(ref["loss"]))
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_summed_gemm_products_accumulate_in_f32(dt):
+    """A weight x read by two GEMMs: its gradient sums their backward products. Under mixed
+    precision the sum computes in f32 and is rounded once (passes/precision.py
+    `sums_in_f32`): the compiled gradient is the rounding of the exact sum of the half
+    operands' products (the f64 sum here) but where f32's own rounding lands within a hair of
+    a tie, where rounding each product and the sum to the half type would miss it by an ulp in
+    a good part of the elements. The CPU runs the second GEMM into the first's output
+    (beta = 1) in one kernel, both GEMMs' operands converted in its prologue."""
+    from jitgraph.half import round_to
+    from jitgraph.passes.pipeline import run_pipeline
+    from jitgraph.passes.planning import Options
+    rng = np.random.default_rng(5)
+    g = jg.Graph("two")
+    x, w1, w2 = g.param("x", (64, 48)), g.param("w1", (48, 40)), g.param("w2", (48, 40))
+    r1, r2 = g.input("r1", (64, 40)), g.input("r2", (64, 40))
+    g.output(loss=jg.sum((x @ w1) * r1) + jg.sum((x @ w2) * r2))
+    st = run_pipeline(g, Options(loss="loss", precision=dt))
+    acc = [k for k in st.kernels.kernels if k.accumulate]
+    assert len(acc) == 1 and sum(st.kernels.graph.nodes[m].op == "cast" for m in acc[0].nodes) >= 4
+    feeds = {k: rng.standard_normal((64, 40)).astype(np.float32) for k in ("r1", "r2")}
+    params = {"x": rng.standard_normal((64, 48)).astype(np.float32),
+              "w1": rng.standard_normal((48, 40)).astype(np.float32),
+              "w2": rng.standard_normal((48, 40)).astype(np.float32)}
+    prog = jg.compile(g, loss="loss", precision=dt, loss_scale=None)
+    for k, v in params.items():
+        prog.params[k] = v
+    got = prog.step(**feeds)["grad/x"]
+    h = {k: to_f32(round_to(v, dt), dt).astype(np.float64) for k, v in {**feeds, **params}.items()}
+    exact = h["r1"] @ h["w1"].T + h["r2"] @ h["w2"].T
+    want = to_f32(round_to(exact, dt), dt)
+    assert np.mean(got == want) > 0.99, np.mean(got == want)
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(want))) - (7 if dt == "bf16" else 10))
+    assert np.all(np.abs(got - want) <= ulp)
+    each = to_f32(round_to(to_f32(round_to(h["r1"] @ h["w1"].T, dt), dt) +
+                           to_f32(round_to(h["r2"] @ h["w2"].T, dt), dt), dt), dt)
+    assert np.mean(each == want) < 0.95          # the rounding of each product would show

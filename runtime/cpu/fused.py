@@ -203,7 +203,8 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     n = g.nodes[kernel.anchor]
     w, xv, (rows, ncols) = matmul_operands(g, n)
     ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
-    pro = feeding(g, n.id, kernel.nodes)
+    gemms = (n.id, *(m for m, _ in kernel.accumulate))
+    pro = set().union(*(feeding(g, m, kernel.nodes) for m in gemms))   # their operands' prologue
     acc = {x for pair in kernel.accumulate for x in pair}
     prod = kernel.product
     epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro and m not in acc)
@@ -212,7 +213,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
         pro = pro - {n.inputs[0], n.inputs[1]}
     b = Builder(g, inlined, slot_of)
     scratch, at = {}, 0            # prologue value read after the prologue -> scratch offset
-    for i in dict.fromkeys(i for m in (n.id, *epi) for i in g.nodes[m].inputs):
+    for i in dict.fromkeys(i for m in (*gemms, *epi) for i in g.nodes[m].inputs):
         if i in pro and i not in kernel.outputs:
             scratch[i] = at
             at += aligned(g.nodes[i].type.nbytes)
