@@ -244,7 +244,8 @@ def test_summed_gemm_products_accumulate_in_f32(dt):
     operands' products (the f64 sum here) but where f32's own rounding lands within a hair of
     a tie, where rounding each product and the sum to the half type would miss it by an ulp in
     a good part of the elements. The CPU runs the second GEMM into the first's output
-    (beta = 1) in one kernel, both GEMMs' operands converted in its prologue."""
+    (beta = 1) in one kernel, both GEMMs' operands converted in its prologue, unless it runs
+    GEMMs on that type's buffers (the kind gemm_bf16 of AVX512-BF16)."""
     from jitgraph.half import round_to
     from jitgraph.passes.pipeline import run_pipeline
     from jitgraph.passes.planning import Options
@@ -253,9 +254,13 @@ def test_summed_gemm_products_accumulate_in_f32(dt):
     x, w1, w2 = g.param("x", (64, 48)), g.param("w1", (48, 40)), g.param("w2", (48, 40))
     r1, r2 = g.input("r1", (64, 40)), g.input("r2", (64, 40))
     g.output(loss=jg.sum((x @ w1) * r1) + jg.sum((x @ w2) * r2))
-    st = run_pipeline(g, Options(loss="loss", precision=dt))
+    from jitgraph.runtime.cpu.backend import CPU
+    st = run_pipeline(g, Options(loss="loss", precision=dt, kinds=CPU.kinds))
     acc = [k for k in st.kernels.kernels if k.accumulate]
     assert len(acc) == 1 and sum(st.kernels.graph.nodes[m].op == "cast" for m in acc[0].nodes) >= 4
+    # a backend running GEMMs on that half type's buffers (gemm_<dt>) keeps them apart
+    native = run_pipeline(g, Options(loss="loss", precision=dt, kinds=CPU.kinds | {f"gemm_{dt}"}))
+    assert not any(k.accumulate for k in native.kernels.kernels)
     feeds = {k: rng.standard_normal((64, 40)).astype(np.float32) for k in ("r1", "r2")}
     params = {"x": rng.standard_normal((64, 48)).astype(np.float32),
               "w1": rng.standard_normal((48, 40)).astype(np.float32),
