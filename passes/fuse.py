@@ -194,8 +194,8 @@ def _accumulate(gr, n) -> bool:
         host, lone = gr.groups[gp], gr.groups[gm]
         pro = lone.get("prologue", set())
         if host["kind"] != "gemm" or _product(gr, gp) != p or lone["kind"] != "gemm" or \
-                lone["anchor"] != m or set(lone["members"]) != {m, *pro} or any(
-                    g.nodes[g.nodes[x].inputs[0]].type.dtype in gr.native for x in pro):
+                lone["anchor"] != m or set(lone["members"]) != {m, *pro} or \
+                any(_from_native(gr, x) for x in pro):
             continue
         if gr.users[p] != [n.id] or gr.users[m] != [n.id] or {p, m} & gr.kept or \
                 not g.nodes[p].type == g.nodes[m].type == n.type or \
@@ -221,6 +221,12 @@ def _gemm_operand_conversion(gr, n) -> bool:
         is_direct_gemm(g, g.nodes[u]) and "prologue" in roles(g, u) for u in users)
 
 
+def _from_native(gr, nid) -> bool:
+    """Whether node nid (a conversion) reads a value of a half type the backend runs GEMMs on
+    as buffers (kinds gemm_bf16 / gemm_f16): the GEMM reads that value itself."""
+    return gr.g.nodes[gr.g.nodes[nid].inputs[0]].type.dtype in gr.native
+
+
 def _read_only_by(gr, gid, nid) -> bool:
     """Whether node nid is the only reader of group gid's values outside it (none kept)."""
     mem = set(gr.groups[gid]["members"])
@@ -242,8 +248,7 @@ def _join_elementwise(gr, n):
         # rounding of a weight or input, cast back here: one pass over the f32 value into the
         # GEMM's scratch, no half copy in a buffer of its own), unless the backend runs GEMMs
         # on that half type's buffers ("gemm_bf16")
-        src = gr.g.nodes[n.inputs[0]].type.dtype
-        cands = [] if src in gr.native else [
+        cands = [] if _from_native(gr, n.id) else [
             gid for gid in cands if gr.groups[gid]["kind"] == "elementwise" and
             _read_only_by(gr, gid, n.id)]
     anchors = [gid for gid in cands if gr.groups[gid]["anchor"] is not None]

@@ -155,24 +155,24 @@ def sums_in_f32(graph):
                     for j in n.inputs)
         return sums[i]
 
-    roots = [n.id for n in graph.nodes if is_sum(n.id) and
-             not (alone(n.id) and is_sum(users[n.id][0]))]
+    roots = {n.id for n in graph.nodes if is_sum(n.id) and
+             not (alone(n.id) and is_sum(users[n.id][0]))}
     if not roots:
         return graph, 0
-    inner, todo = set(), list(roots)
+    adds, products, todo = set(roots), set(), list(roots)    # the trees below the roots
     while todo:
         for j in graph.nodes[todo.pop()].inputs:
-            if j not in inner:
-                inner.add(j)
-                if is_sum(j):
-                    todo.append(j)
-    roots = set(roots)
+            if is_sum(j):
+                adds.add(j)
+                todo.append(j)
+            else:
+                products.add(j)
 
     def rule(g, n, new):
-        if n.id in roots or (n.id in inner and is_sum(n.id)):
+        if n.id in adds:
             out = g.emit(n.op, [new[i] for i in n.inputs], dict(n.attrs))
             return g.emit("cast", (out,), {"dtype": n.type.dtype}) if n.id in roots else out
-        if n.id in inner:               # a product: the f32 GEMM of its operands' f32 casts
+        if n.id in products:            # the f32 GEMM of its operands' f32 casts
             return g.emit(n.op, [g.emit("cast", (new[i],), {"dtype": "f32"}) for i in n.inputs],
                           dict(n.attrs))
         return copy_node(g, n, new)

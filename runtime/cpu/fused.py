@@ -10,12 +10,12 @@ stops LLVM from vectorising f32 loops.
 """
 from __future__ import annotations
 
-from jitgraph.ir import op_kind
+from jitgraph.ir import feeding, op_kind
 from jitgraph.plan import rows_flags
 from jitgraph.registry import get_op
 
 from .. import kernelgen
-from ..kernelgen import (NP_DTYPE, collapse, feeding, literal, matmul_operands, reduce_pattern,
+from ..kernelgen import (NP_DTYPE, collapse, literal, matmul_operands, reduce_pattern,
                          typed_literal)
 from . import spelling
 from .lower import FMAX_IMPORTS, PARALLEL_MIN_WORK, Call, Workspace, aligned, gemm_text, \
@@ -204,7 +204,7 @@ def gemm(g, kernel, inlined, slot_of) -> Call:
     w, xv, (rows, ncols) = matmul_operands(g, n)
     ins = [slot_of(i) for m in kernel.nodes for i in g.nodes[m].inputs if i not in kernel.nodes]
     gemms = (n.id, *(m for m, _ in kernel.accumulate))
-    pro = set().union(*(feeding(g, m, kernel.nodes) for m in gemms))   # their operands' prologue
+    pro = feeding(g, gemms, kernel.nodes)     # the prologue: what the GEMMs' operands need
     acc = {x for pair in kernel.accumulate for x in pair}
     prod = kernel.product
     epi = tuple(m for m in kernel.nodes if m != n.id and m not in pro and m not in acc)
