@@ -7,21 +7,47 @@ state), its median ms per step, the median of its per-round ratios to f32 ("by r
 the host's sgemm rate before and after.
 
     python bench/precision_step.py [--rounds 15] [--steps 4] [--moments] [--master] [--convert]
-        [--model llama|mnist] [--batch N]
+        [--model llama|mnist] [--batch N] [--without]
 
 --model mnist times the MNIST-shaped MLP (784-500-10, bench/mlp_common.py) at --batch (default
 100) instead. --convert adds a bf16 program compiled with JITGRAPH_BF16_GEMM=0 ("bf16/cvt": its
 GEMMs on bf16 operands cast both to f32 and run sgemm, not runtime/cpu/bf16gemm.py's
-AVX512-BF16 kernel).
+AVX512-BF16 kernel). --without adds f16 and bf16 programs compiled with three rewrites of the
+half steps switched off ("/old"): an f16 attention's f32-kept probabilities
+(passes/attention.py), casts moved before reshapes (passes/half.py `casts_before_reshapes`)
+and sums of GEMM products in f32 (passes/precision.py `sums_in_f32`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def _rewrites_off(off: bool):
+    """With `off`, compile as before the three rewrites --without names: the passes replaced by
+    ones that leave the graph as it is (an f16 attention recomputing its probabilities)."""
+    import jitgraph.passes.half as half
+    import jitgraph.passes.pipeline as pipeline
+    saved = pipeline.store_attention_probs, half.casts_before_reshapes, pipeline.sums_in_f32
+    store = saved[0]
+
+    def recompute_f16(g, kinds=None):
+        if any(n.op == "attention" and n.type.dtype == "f16" for n in g.nodes):
+            return g, {}
+        return store(g, kinds)
+    if off:
+        pipeline.store_attention_probs = recompute_f16
+        half.casts_before_reshapes = pipeline.sums_in_f32 = lambda g: (g, 0)
+    try:
+        yield
+    finally:
+        pipeline.store_attention_probs, half.casts_before_reshapes, pipeline.sums_in_f32 = saved
 
 
 def main(argv=None):
@@ -35,6 +61,8 @@ def main(argv=None):
                    help="also bf16 with bf16 moments and bf16 master weights")
     p.add_argument("--model", choices=("llama", "mnist"), default="llama")
     p.add_argument("--batch", type=int, default=100, help="the MNIST MLP's batch")
+    p.add_argument("--without", action="store_true",
+                   help="also f16 and bf16 without three rewrites of the half steps (/old)")
     args = p.parse_args(argv)
 
     import jitgraph as jg
@@ -51,6 +79,8 @@ def main(argv=None):
         runs.append(("bf16", "bf16", "bf16"))
     if args.convert:
         runs.insert(2, ("bf16/cvt", "f32", "f32"))
+    if args.without:
+        runs += [("f16/old", "f32", "f32"), ("bf16/old", "f32", "f32")]
     rng = np.random.default_rng(0)
     toks = rng.integers(0, cfg.vocab, (16, 129)).astype(np.int32)
     feeds = dict(tokens=toks[:, :-1], pos=np.arange(128, dtype=np.int32), labels=toks[:, 1:])
@@ -64,10 +94,11 @@ def main(argv=None):
         was = os.environ.get("JITGRAPH_BF16_GEMM")
         if prec.endswith("/cvt"):
             os.environ["JITGRAPH_BF16_GEMM"] = "0"     # read at compile
-        progs[(prec, mom, master)] = jg.compile(
-            graph(), loss="loss",
-            optimizer=jg.optim.AdamW(lr=1e-3, weight_decay=0.0, moments=mom, master=master),
-            precision=prec.split("/")[0], copy_outputs=False)
+        with _rewrites_off(prec.endswith("/old")):
+            progs[(prec, mom, master)] = jg.compile(
+                graph(), loss="loss",
+                optimizer=jg.optim.AdamW(lr=1e-3, weight_decay=0.0, moments=mom, master=master),
+                precision=prec.split("/")[0], copy_outputs=False)
         if was is None:
             os.environ.pop("JITGRAPH_BF16_GEMM", None)
         else:
